@@ -1,0 +1,99 @@
+"""Altair charts of kvtrace results (HTML self-contained; PNG/SVG rendered offline)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import altair as alt
+import polars as pl
+
+from .errors import KvtraceError
+from .outputs import atomic_path
+
+CURVE_METRICS = {
+    "prefix_token_hit_rate": "usable-prefix tokens",
+    "request_hit_rate": "requests",
+    "compute_saved_rate": "prefill compute saved",
+    "block_hit_rate": "any-block blocks",
+}
+PLOT_FORMATS = ("html", "png", "svg")
+
+
+def curve_chart(result, *, metrics=tuple(CURVE_METRICS), marks: dict[str, float] | None = None,
+                title: str | None = None) -> alt.LayerChart:
+    """Hit-rate curves against capacity (log axis), with the headline's knee capacities.
+
+    Parameters
+    ----------
+    result : CurveResult
+    metrics : sequence of str
+        Rate columns to draw.
+    marks : dict, optional
+        Named capacities in bytes to draw as vertical rules (e.g. DRAM, flash).
+    """
+    df = result.curve
+    cap = df.select(pl.col("capacity_bytes").cast(pl.Float64) / 2**30).to_series().alias("capacity_gib")
+    long = (
+        df.with_columns(cap)
+        .select(["capacity_gib", *metrics])
+        .unpivot(index="capacity_gib", variable_name="metric", value_name="rate")
+        .with_columns(pl.col("metric").replace_strict(CURVE_METRICS, default=pl.col("metric")))
+        .filter(pl.col("capacity_gib") > 0)
+    )
+    x = alt.X("capacity_gib:Q", scale=alt.Scale(type="log"), title="cache capacity (GiB)")
+    lines = (
+        alt.Chart(long)
+        .mark_line(interpolate="step-after")
+        .encode(x=x, y=alt.Y("rate:Q", title="hit rate", scale=alt.Scale(domain=[0, 1])),
+                color=alt.Color("metric:N", title=None), tooltip=["metric", "capacity_gib", "rate"])
+    )
+    layers = [lines]
+    knees = result.knees.filter(pl.col("metric") == "prefix_token_hit_rate").drop_nulls("capacity_bytes")
+    if knees.height:
+        kd = knees.with_columns(
+            (pl.col("capacity_bytes").cast(pl.Float64) / 2**30).alias("capacity_gib"),
+            (pl.col("fraction") * 100).round(0).cast(pl.Int64).cast(pl.String).alias("label"),
+        ).with_columns((pl.col("label") + "% of ceiling").alias("label"))
+        layers.append(
+            alt.Chart(kd)
+            .mark_point(shape="diamond", size=60, filled=True, color="black")
+            .encode(x="capacity_gib:Q", y="target_rate:Q", tooltip=["label", "capacity_gib", "target_rate"])
+        )
+    ceiling = result.ceiling.get("prefix_token_hit_rate")
+    if ceiling is not None:
+        layers.append(
+            alt.Chart(pl.DataFrame({"rate": [ceiling], "label": ["ceiling (infinite cache)"]}))
+            .mark_rule(strokeDash=[4, 4], color="gray")
+            .encode(y="rate:Q")
+        )
+    for name, value in (marks or {}).items():
+        layers.append(
+            alt.Chart(pl.DataFrame({"capacity_gib": [value / 2**30], "tier": [name]}))
+            .mark_rule(color="firebrick")
+            .encode(x="capacity_gib:Q", tooltip=["tier:N", "capacity_gib:Q"])
+        )
+    info = result.info
+    subtitle = f"{info.get('model')} ({info.get('kv_bytes_per_token'):,} B/token), {info.get('eviction')} LRU"
+    if result.approximate:
+        subtitle += f", SHARDS sample rate {info['sample_rate']:g} (approximate)"
+    return alt.layer(*layers).properties(
+        width=640, height=360, title=alt.TitleParams(title or "KV-cache capacity-hit curve", subtitle=subtitle)
+    )
+
+
+def save_chart(chart: alt.TopLevelMixin, path: str | os.PathLike) -> None:
+    """Save a chart atomically as HTML (self-contained, works offline), PNG or SVG."""
+    fmt = Path(path).suffix.lower().lstrip(".")
+    if fmt not in PLOT_FORMATS:
+        raise KvtraceError(f"unsupported plot suffix '.{fmt}': expected .html, .png or .svg", path=str(path))
+    import vl_convert as vlc
+
+    spec = chart.to_json()
+    with atomic_path(path) as tmp:
+        if fmt == "html":
+            tmp.write_text(vlc.vegalite_to_html(spec, bundle=True), encoding="utf-8")
+        elif fmt == "png":
+            tmp.write_bytes(vlc.vegalite_to_png(spec, scale=2))
+        else:
+            tmp.write_text(vlc.vegalite_to_svg(spec), encoding="utf-8")

@@ -1,0 +1,31 @@
+"""Numba settings for every kernel, in one place.
+
+Kernels read their decorator flags from here rather than hard-coding them, so a user
+(or a test) can change them with environment variables:
+
+- ``KVTRACE_NUMBA_CACHE`` (default ``1``): cache compiled kernels on disk. A CLI pays
+  the JIT on every start otherwise (seconds per command).
+- ``KVTRACE_FASTMATH`` (default ``0``): kernels accumulate exact integer token counts
+  and float sums whose order matters for bit-for-bit reproducibility, so fast-math
+  stays off unless asked for.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in {"0", "false", "no", "off", ""}
+
+
+NUMBA_CACHE: bool = _flag("KVTRACE_NUMBA_CACHE", True)
+FASTMATH: bool = _flag("KVTRACE_FASTMATH", False)
+
+#: Keyword arguments for ``numba.njit`` on serial kernels.
+NJIT = {"cache": NUMBA_CACHE, "fastmath": FASTMATH, "nogil": True}
+#: Keyword arguments for ``numba.njit`` on kernels that use ``prange``.
+NJIT_PARALLEL = {**NJIT, "parallel": True}

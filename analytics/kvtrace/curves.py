@@ -1,0 +1,560 @@
+"""Capacity-hit curves weighted by what a hit is worth (DESIGN §3).
+
+One pass of the stack-distance kernel gives every access's distance; hits at any
+capacity follow exactly (``dist <= C``). :func:`compute_curve` turns the distances into
+the result tables below.
+
+Curve table (one row per capacity; rates are shares of the measured accesses, i.e.
+after warm-up, and are cumulative in capacity):
+
+================================  ==========================================================
+capacity_bytes                    cache capacity, bytes (= capacity_tokens x kv_bytes_per_token)
+capacity_tokens                   capacity in tokens of KV cache
+capacity_blocks                   capacity in full blocks (capacity_tokens / block_tokens)
+request_hit_rate                  share of requests whose usable prefix is >= 1 block
+prefix_token_hit_rate             usable-prefix tokens / all prompt tokens (headline)
+prefix_byte_hit_rate              usable-prefix block bytes / all block bytes accessed
+prefix_block_hit_rate             usable-prefix blocks / all block accesses
+block_hit_rate                    any-block hits / block accesses
+token_hit_rate                    tokens of any-block hits / prompt tokens
+byte_hit_rate                     block bytes of any-block hits / block bytes accessed
+compute_saved_rate                prefill FLOPs of usable-prefix tokens / all prefill FLOPs
+gpu_seconds_saved_per_hour        GPU-seconds of prefill avoided per hour of trace
+dollars_saved_per_hour            the same in $ (GPU $/h)
+read_bandwidth_bytes_per_s        mean bytes/s read from the cache to serve the hits
+================================  ==========================================================
+
+"Prompt tokens" are the tokens covered by block hashes. Byte rates weight a block by
+the tokens it occupies in a cache (its largest size in the trace), token rates by the
+tokens of the access; they differ only when a hash appears with different sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import polars as pl
+
+from .distances import Distances, _distances_of, normalise_eviction
+from .errors import KvtraceError, UsageError
+from .kernels.hitcurve import binned_hits, keys_in_range
+from .kernels.stackdist import COLD
+from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from .trace import Trace
+from .units import parse_duration
+
+HEADLINE = "prefix_token_hit_rate"
+RATE_COLUMNS = (
+    "request_hit_rate",
+    "prefix_token_hit_rate",
+    "prefix_byte_hit_rate",
+    "prefix_block_hit_rate",
+    "block_hit_rate",
+    "token_hit_rate",
+    "byte_hit_rate",
+    "compute_saved_rate",
+)
+VALUE_COLUMNS = ("gpu_seconds_saved_per_hour", "dollars_saved_per_hour", "read_bandwidth_bytes_per_s")
+KNEE_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
+KNEE_METRICS = ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate")
+GROUPINGS = ("type", "tenant", "turn", "session-length")
+SUBSAMPLES = 8  # hash-disjoint sub-samples behind a sampled curve's error estimate
+
+
+@dataclass
+class CurveResult:
+    """Output of :func:`compute_curve`.
+
+    Attributes
+    ----------
+    curve : polars.DataFrame
+        One row per capacity (schema in the module docstring); sampled curves add
+        ``prefix_token_hit_rate_se`` (estimated standard error).
+    by_group : polars.DataFrame or None
+        The same metrics per group (first column ``group``), shared cache.
+    ceiling : dict
+        Every rate at infinite capacity, plus ``capacity_bytes`` needed to reach it.
+    knees : polars.DataFrame
+        ``metric``, ``fraction``, ``target_rate``, ``capacity_bytes``,
+        ``capacity_tokens``: smallest capacity reaching ``fraction`` of the ceiling.
+    info : dict
+        Model, eviction, warm-up, counts, sampling and error estimate.
+    """
+
+    curve: pl.DataFrame
+    by_group: pl.DataFrame | None
+    ceiling: dict
+    knees: pl.DataFrame
+    info: dict = field(default_factory=dict)
+
+    @property
+    def approximate(self) -> bool:
+        return bool(self.info.get("sample_rate", 1.0) < 1.0)
+
+
+def default_grid(total_tokens: int, block_tokens: int, points: int = 200) -> np.ndarray:
+    """About ``points`` log-spaced capacities (tokens) from one block to all distinct tokens."""
+    lo = max(1, min(int(block_tokens), int(total_tokens)))
+    hi = max(lo, int(total_tokens))
+    grid = np.unique(np.round(np.geomspace(lo, hi, num=max(2, points))).astype(np.int64))
+    grid[-1] = hi
+    return np.unique(grid)
+
+
+def parse_warmup(text: str | float | None) -> tuple[str, float] | None:
+    """``0.1`` or ``10%`` -> ("fraction", 0.1); ``10min``/``600s`` -> ("seconds", 600)."""
+    if text is None or text == "" or text == 0:
+        return None
+    s = str(text).strip()
+    try:
+        if s.endswith("%"):
+            value = float(s[:-1]) / 100.0
+        else:
+            value = float(s)
+        if not 0 <= value < 1:
+            raise UsageError(f"a warm-up fraction must be in [0, 1), got '{text}'", field="warmup")
+        return ("fraction", value)
+    except ValueError:
+        return ("seconds", parse_duration(s, field="warmup"))
+
+
+def warmup_first_request(trace: Trace, warmup: tuple[str, float] | None) -> int:
+    """Index of the first measured request (earlier ones only warm the cache)."""
+    if warmup is None:
+        return 0
+    kind, value = warmup
+    if kind == "fraction":
+        return int(math.floor(value * trace.n_requests))
+    ts = trace.request_timestamp
+    return int(np.searchsorted(ts, ts[0] + value, side="left")) if ts.size else 0
+
+
+def group_labels(trace: Trace, by: str) -> tuple[np.ndarray, list[str]]:
+    """int32 group index per request, and the group names."""
+    req = trace.requests
+    if by in ("type", "tenant"):
+        col = req[by]
+        if col.null_count() == req.height:
+            raise KvtraceError(f"the trace has no '{by}' column values to group by", field="by")
+        labels = col.fill_null("(none)").cast(pl.String)
+    elif by == "turn":
+        if req["turn"].null_count() == req.height:
+            raise KvtraceError("the trace has no turn numbers to group by", field="by")
+        labels = req["turn"].map_batches(_bucket_counts).fill_null("(none)")
+    elif by == "session-length":
+        if req["session_id"].null_count() == req.height:
+            raise KvtraceError("the trace has no session ids to group by", field="by")
+        size = req.select(pl.len().over("session_id").cast(pl.Int64).alias("n"))["n"]
+        labels = size.map_batches(_bucket_counts).fill_null("(none)")
+        labels = pl.Series([f"{x} req" if x != "(none)" else x for x in labels.to_list()])
+    else:
+        raise UsageError(f"unknown grouping '{by}': expected one of {', '.join(GROUPINGS)}", field="by")
+    names = sorted(labels.unique().to_list(), key=_natural_key)
+    index = labels.replace_strict(names, list(range(len(names))), return_dtype=pl.Int32).to_numpy()
+    return index, names
+
+
+def _bucket_counts(s: pl.Series) -> pl.Series:
+    edges = [(1, 1, "1"), (2, 2, "2"), (3, 3, "3"), (4, 7, "4-7"), (8, 15, "8-15"), (16, 31, "16-31")]
+    out = [None] * len(s)
+    for i, v in enumerate(s.to_list()):
+        if v is None:
+            continue
+        label = "32+"
+        for lo, hi, name in edges:
+            if lo <= v <= hi:
+                label = name
+                break
+        out[i] = label
+    return pl.Series(out, dtype=pl.String)
+
+
+def _natural_key(x: str):
+    head = x.split("-")[0].rstrip("+").split(" ")[0]
+    return (0, int(head), x) if head.isdigit() else (1, 0, x)
+
+
+@dataclass
+class _Stream:
+    """Arrays the curve needs, for the whole trace or a spatial sample of it."""
+
+    block: np.ndarray
+    size: np.ndarray
+    req_start: np.ndarray  # R+1 (all requests, possibly empty)
+    tokens: np.ndarray
+    pos: np.ndarray
+    request: np.ndarray
+    rate: float = 1.0
+
+
+def _full_stream(trace: Trace) -> _Stream:
+    a = trace.accesses
+    return _Stream(a.block, trace.block_size, a.req_start, a.tokens, a.pos, a.request)
+
+
+def _block_hash_mix(trace: Trace) -> np.ndarray:
+    """A well-mixed 64-bit hash per dense block (SHARDS sampling key)."""
+    with np.errstate(over="ignore"):
+        x = trace.block_hash.astype(np.uint64) ^ (
+            (trace.block_tenant.astype(np.int64) + 1).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        )
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def _sampled_stream(trace: Trace, keep_block: np.ndarray, rate: float) -> _Stream:
+    a = trace.accesses
+    idx = np.flatnonzero(keep_block[a.block])
+    new_id = np.cumsum(keep_block, dtype=np.int64) - 1
+    request = a.request[idx]
+    counts = np.bincount(request, minlength=trace.n_requests)
+    req_start = np.zeros(trace.n_requests + 1, dtype=np.int64)
+    np.cumsum(counts, out=req_start[1:])
+    return _Stream(new_id[a.block[idx]], trace.block_size[keep_block], req_start, a.tokens[idx],
+                   a.pos[idx], request, rate)
+
+
+def _scaled_grid(grid: np.ndarray, rate: float) -> np.ndarray:
+    """Capacities as seen by a stream sampled at ``rate`` (SHARDS: d/R <= C <=> d <= C*R)."""
+    if rate >= 1.0:
+        return grid
+    return np.floor(grid.astype(np.float64) * rate).astype(np.int64)
+
+
+def _hits(keys, first, s: _Stream, block_tokens, group, n_groups, grid):
+    """Cumulative hit sums [n_groups, G, 4] at each grid capacity, and totals [n_groups, 4]."""
+    h = binned_hits(keys, first, s.tokens, s.pos, s.block, s.size, block_tokens, group, n_groups, grid)
+    total = h.sum(axis=1)
+    return np.cumsum(h, axis=1)[:, :-1, :], total
+
+
+def _request_hits(d: Distances, s: _Stream, first_req: int, req_group, n_groups, grid):
+    """Request-level hit counts [n_groups, G] and totals [n_groups]."""
+    rs = s.req_start
+    nonempty = rs[1:] > rs[:-1]
+    r_idx = np.arange(rs.shape[0] - 1)
+    measured = r_idx >= first_req
+    if s.rate >= 1.0:
+        members = measured  # every measured request, empty ones included (they cannot hit)
+    else:
+        members = measured & nonempty  # a request is in the sample iff its first block is
+        first_pos = np.zeros(rs.shape[0] - 1, dtype=np.int64)
+        first_pos[nonempty] = s.pos[rs[:-1][nonempty]]
+        members &= first_pos == 0
+    keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
+    keys[nonempty] = d.usable[rs[:-1][nonempty]]
+    g = req_group if req_group is not None else np.zeros(rs.shape[0] - 1, dtype=np.int32)
+    G = grid.shape[0]
+    idx = np.searchsorted(grid, keys[members], side="left")
+    flat = np.bincount(g[members].astype(np.int64) * (G + 1) + idx, minlength=n_groups * (G + 1))
+    hist = flat.reshape(n_groups, G + 1).astype(np.float64)
+    return np.cumsum(hist, axis=1)[:, :-1], hist.sum(axis=1)
+
+
+def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, a, b):
+    """Rate columns from hit sums (arrays over capacities)."""
+
+    def div(x, y):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(y > 0, x / np.where(y > 0, y, 1), np.nan)
+
+    flops_hit = a * pre_hits[..., 1] + b * pre_hits[..., 3]
+    flops_tot = a * pre_tot[..., 1] + b * pre_tot[..., 3]
+    return {
+        "request_hit_rate": div(req_hits, req_tot),
+        "prefix_token_hit_rate": div(pre_hits[..., 1], pre_tot[..., 1]),
+        "prefix_byte_hit_rate": div(pre_hits[..., 2], pre_tot[..., 2]),
+        "prefix_block_hit_rate": div(pre_hits[..., 0], pre_tot[..., 0]),
+        "block_hit_rate": div(any_hits[..., 0], any_tot[..., 0]),
+        "token_hit_rate": div(any_hits[..., 1], any_tot[..., 1]),
+        "byte_hit_rate": div(any_hits[..., 2], any_tot[..., 2]),
+        "compute_saved_rate": div(flops_hit, flops_tot),
+    }, flops_hit
+
+
+def compute_curve(
+    trace: Trace,
+    *,
+    model: ModelSpec | str | None = None,
+    gpu: GpuSpec | str | None = None,
+    eviction: str = "prefix-aware",
+    capacities: list[int] | None = None,
+    points: int = 200,
+    warmup: str | float | None = None,
+    by: str | None = None,
+    sample_rate: float | None = None,
+    distances: Distances | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> CurveResult:
+    """Capacity-hit curves of ``trace`` under an exact byte-LRU.
+
+    Parameters
+    ----------
+    trace : Trace
+    model : ModelSpec or str, optional
+        Sets bytes per token and prefill FLOPs (default Llama-3.1-70B).
+    gpu : GpuSpec or str, optional
+        Converts FLOPs saved to GPU-seconds and $ (default H100).
+    eviction : str
+        ``prefix-aware`` (default) or ``flat``.
+    capacities : list of int, optional
+        Capacities in bytes; default ~``points`` log-spaced ones from one block to all
+        distinct bytes.
+    warmup : str or float, optional
+        Fraction of requests (``0.1``, ``10%``) or a duration (``10min``) that only fills
+        the cache.
+    by : str, optional
+        Break metrics down by ``type``, ``tenant``, ``turn`` or ``session-length``.
+    sample_rate : float, optional
+        SHARDS spatial sampling rate in (0, 1); the result is approximate and carries
+        an error estimate from hash-disjoint sub-samples.
+    distances : Distances, optional
+        Reuse already computed exact distances (same eviction model).
+    progress : callable, optional
+        ``progress(done, total)`` while the kernel runs.
+    """
+    model = model if isinstance(model, ModelSpec) else resolve_model(model)
+    gpu = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
+    ev = normalise_eviction(eviction)
+    bpt = int(model.kv_bytes_per_token)
+    a_coef, b_coef = model.flops_coefficients()
+    B = int(trace.meta.block_tokens)
+    total_tokens = int(trace.block_size.sum())
+    wu = parse_warmup(warmup)
+    first_req = warmup_first_request(trace, wu)
+    if first_req >= trace.n_requests and trace.n_requests:
+        raise UsageError("the warm-up covers the whole trace: nothing left to measure", field="warmup")
+    rate = 1.0 if sample_rate is None else float(sample_rate)
+    if not 0 < rate <= 1:
+        raise UsageError(f"a sample rate must be in (0, 1], got {sample_rate}", field="sample-rate")
+
+    base_grid = default_grid(total_tokens, B, points)
+    if capacities:
+        user_tokens = np.array([int(c) // bpt for c in capacities], dtype=np.int64)
+        grid = np.unique(np.concatenate([base_grid, user_tokens]))
+    else:
+        user_tokens = None
+        grid = base_grid
+
+    req_group = None
+    names = ["all"]
+    if by is not None:
+        req_group, names = group_labels(trace, by)
+
+    hash_mix = _block_hash_mix(trace) if rate < 1.0 else None
+    if rate < 1.0:
+        keep = (hash_mix >> np.uint64(40)) < np.uint64(int(round(rate * (1 << 24))))
+        stream = _sampled_stream(trace, keep, rate)
+    else:
+        stream = _full_stream(trace)
+    if distances is not None and rate >= 1.0:
+        if distances.eviction != ev:
+            raise ValueError("distances were computed with another eviction model")
+        d = distances
+    else:
+        d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
+
+    res = _evaluate(d, stream, first_req, B, req_group, len(names), grid, a_coef, b_coef)
+    seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
+    hours = seconds / 3600.0
+
+    def table(rates, flops_hit, pre_hits, g_index):
+        cap_tokens = grid
+        out = {
+            "capacity_bytes": cap_tokens * bpt,
+            "capacity_tokens": cap_tokens,
+            "capacity_blocks": cap_tokens / B,
+        }
+        for k in RATE_COLUMNS:
+            out[k] = rates[k][g_index]
+        gpu_s = gpu.gpu_seconds(flops_hit[g_index]) / rate
+        out["gpu_seconds_saved_per_hour"] = gpu_s / hours if hours > 0 else np.full(grid.shape, np.nan)
+        out["dollars_saved_per_hour"] = (gpu.dollars(flops_hit[g_index]) / rate / hours
+                                         if hours > 0 else np.full(grid.shape, np.nan))
+        out["read_bandwidth_bytes_per_s"] = (pre_hits[g_index, :, 2] * bpt / rate / seconds
+                                             if seconds > 0 else np.full(grid.shape, np.nan))
+        return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+    if user_tokens is not None:
+        rows = np.searchsorted(grid, user_tokens)
+    else:
+        rows = np.arange(grid.shape[0])
+
+    def select(df: pl.DataFrame) -> pl.DataFrame:
+        df = df[rows]
+        if user_tokens is not None:
+            df = df.with_columns(pl.Series("capacity_bytes", np.asarray(capacities, dtype=np.int64)))
+        return df
+
+    overall_rates, overall_flops, overall_pre, overall_ceiling = res["overall"]
+    curve = select(table(overall_rates, overall_flops, overall_pre, 0))
+
+    info: dict = {
+        "model": model.name,
+        "kv_bytes_per_token": bpt,
+        "gpu": gpu.name,
+        "mfu": gpu.mfu,
+        "dollars_per_gpu_hour": gpu.dollars_per_hour,
+        "eviction": ev,
+        "block_tokens": B,
+        "warmup": None if wu is None else {"kind": wu[0], "value": wu[1]},
+        "first_measured_request": first_req,
+        "measured_requests": trace.n_requests - first_req,
+        "measured_accesses": int(trace.n_accesses - trace.accesses.req_start[first_req]),
+        "measured_seconds": seconds,
+        "distinct_blocks": trace.n_blocks,
+        "distinct_bytes": total_tokens * bpt,
+        "sample_rate": rate,
+        "approximate": rate < 1.0,
+    }
+    if rate < 1.0:
+        se = _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a_coef, b_coef)
+        curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[rows]))
+        info["sampled_accesses"] = int(stream.block.shape[0])
+        info["error_estimate"] = {
+            "metric": HEADLINE,
+            "mean_standard_error": float(np.nanmean(se[rows])) if rows.size else None,
+            "max_standard_error": float(np.nanmax(se[rows])) if rows.size else None,
+            "method": f"spread of {SUBSAMPLES} hash-disjoint sub-samples (random-groups estimator)",
+        }
+
+    by_group = None
+    if by is not None:
+        g_rates, g_flops, g_pre, _ = res["groups"]
+        parts = []
+        for gi, name in enumerate(names):
+            parts.append(select(table(g_rates, g_flops, g_pre, gi)).insert_column(0, pl.lit(name).alias("group")))
+        by_group = pl.concat(parts)
+        info["by"] = by
+        info["groups"] = names
+
+    ceiling = {k: _nan_none(overall_ceiling["rates"][k]) for k in RATE_COLUMNS}
+    ceiling["capacity_bytes"] = overall_ceiling["max_key"] / rate * bpt if overall_ceiling["max_key"] >= 0 else 0
+    knees = _knees(d, stream, first_req, B, base_grid, a_coef, b_coef, res, bpt, rate)
+    return CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
+
+
+def _nan_none(x):
+    x = float(x)
+    return None if math.isnan(x) else x
+
+
+def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b):
+    """Rates at grid capacities overall (and per group), plus ceilings."""
+    first = int(s.req_start[first_req])
+    kgrid = _scaled_grid(grid, s.rate)
+    out = {}
+    group_acc = req_group[s.request].astype(np.int32) if req_group is not None else None
+    targets = [("overall", None, 1)]
+    if req_group is not None:
+        targets.append(("groups", group_acc, n_groups))
+    for name, gacc, ng in targets:
+        empty = np.empty(0, dtype=np.int32)
+        any_hits, any_tot = _hits(d.dist, first, s, B, gacc if gacc is not None else empty, ng, kgrid)
+        pre_hits, pre_tot = _hits(d.usable, first, s, B, gacc if gacc is not None else empty, ng, kgrid)
+        req_hits, req_tot = _request_hits(d, s, first_req, req_group if gacc is not None else None, ng, kgrid)
+        rates, flops_hit = _rates(any_hits, any_tot[:, None, :], pre_hits, pre_tot[:, None, :],
+                                  req_hits, req_tot[:, None], a, b)
+        ceiling = None
+        if name == "overall":
+            inf = np.array([COLD - 1], dtype=np.int64)
+            ah, at = _hits(d.dist, first, s, B, empty, 1, inf)
+            ph, pt = _hits(d.usable, first, s, B, empty, 1, inf)
+            rh, rt = _request_hits(d, s, first_req, None, 1, inf)
+            crates, _ = _rates(ah, at[:, None, :], ph, pt[:, None, :], rh, rt[:, None], a, b)
+            warm = d.usable[first:]
+            warm = warm[warm != COLD]
+            ceiling = {
+                "rates": {k: v[0, 0] for k, v in crates.items()},
+                "max_key": int(warm.max()) if warm.size else -1,
+                "totals": (at[0], pt[0], rt[0]),
+            }
+        out[name] = (rates, flops_hit, pre_hits, ceiling)
+    return out
+
+
+def _knees(d, s, first_req, B, grid, a, b, res, bpt, rate) -> pl.DataFrame:
+    """Exact smallest capacity reaching each fraction of the ceiling, per knee metric."""
+    first = int(s.req_start[first_req])
+    kgrid = _scaled_grid(grid, rate)
+    ceiling = res["overall"][3]
+    any_tot, pre_tot, req_tot = ceiling["totals"]
+    rows = []
+    for metric in KNEE_METRICS:
+        if metric == "request_hit_rate":
+            rs = s.req_start
+            nonempty = rs[1:] > rs[:-1]
+            r_idx = np.arange(rs.shape[0] - 1)
+            mask = nonempty & (r_idx >= first_req)
+            if rate < 1.0:
+                fp = np.zeros_like(mask)
+                fp[nonempty] = s.pos[rs[:-1][nonempty]] == 0
+                mask &= fp
+            keys = d.usable[rs[:-1][mask]]
+            keys = np.sort(keys[keys != COLD])
+            weights = np.ones(keys.shape[0])
+            ceiling_w = float(keys.shape[0])
+            cum = np.cumsum(weights)
+            finder = lambda target: int(keys[np.searchsorted(cum, target - 1e-9)])  # noqa: E731
+        else:
+            weight = 1 if metric == "prefix_token_hit_rate" else 3
+            h = binned_hits(d.usable, first, s.tokens, s.pos, s.block, s.size, B, np.empty(0, np.int32), 1, kgrid)
+            w_bins = h[0, :, 1] if weight == 1 else a * h[0, :, 1] + b * h[0, :, 3]
+            # weight beyond the grid but not cold (grid's top can be below a scaled distance)
+            cum_grid = np.cumsum(w_bins[:-1])
+            ph = pre_tot  # totals over every measured access
+            ceiling_hits, _ = _hits(d.usable, first, s, B, np.empty(0, np.int32), 1,
+                                    np.array([COLD - 1], dtype=np.int64))
+            cw = ceiling_hits[0, 0]
+            ceiling_w = float(cw[1] if weight == 1 else a * cw[1] + b * cw[3])
+            del ph
+
+            def finder(target, cum_grid=cum_grid, weight=weight):
+                j = int(np.searchsorted(cum_grid, target - 1e-9 * max(1.0, target)))
+                lo_key = int(kgrid[j - 1]) if j > 0 else -1
+                hi_key = int(kgrid[j]) if j < kgrid.shape[0] else COLD - 1
+                before = float(cum_grid[j - 1]) if j > 0 else 0.0
+                ks, ws = keys_in_range(d.usable, first, s.tokens, s.pos, s.block, s.size, B,
+                                       lo_key, hi_key, a, b, weight)
+                order = np.argsort(ks, kind="stable")
+                ks, ws = ks[order], ws[order]
+                c = before + np.cumsum(ws)
+                i = int(np.searchsorted(c, target - 1e-9 * max(1.0, target)))
+                return int(ks[min(i, ks.shape[0] - 1)])
+
+        ceiling_rate = res["overall"][3]["rates"][metric]
+        for f in KNEE_FRACTIONS:
+            if ceiling_w <= 0:
+                rows.append((metric, f, 0.0, None, None))
+                continue
+            key = finder(f * ceiling_w)
+            cap_tokens = key / rate if rate < 1.0 else key
+            rows.append((metric, f, float(f * ceiling_rate), int(round(cap_tokens * bpt)), int(round(cap_tokens))))
+    return pl.DataFrame(
+        rows, schema={"metric": pl.String, "fraction": pl.Float64, "target_rate": pl.Float64,
+                      "capacity_bytes": pl.Int64, "capacity_tokens": pl.Int64}, orient="row",
+    )
+
+
+def _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a, b) -> np.ndarray:
+    """Standard error of the sampled headline rate at each capacity (random groups)."""
+    keep = (hash_mix >> np.uint64(40)) < np.uint64(int(round(rate * (1 << 24))))
+    sub = (hash_mix >> np.uint64(8)) & np.uint64(SUBSAMPLES - 1)
+    curves = []
+    for g in range(SUBSAMPLES):
+        s = _sampled_stream(trace, keep & (sub == np.uint64(g)), rate / SUBSAMPLES)
+        if s.block.shape[0] == 0:
+            continue
+        d = _distances_of(s.block, s.size, s.req_start, ev)
+        first = int(s.req_start[first_req])
+        hits, tot = _hits(d.usable, first, s, B, np.empty(0, np.int32), 1, _scaled_grid(grid, s.rate))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            curves.append(hits[0, :, 1] / tot[0, 1])
+    if len(curves) < 2:
+        return np.full(grid.shape[0], np.nan)
+    c = np.vstack(curves)
+    return np.nanstd(c, axis=0, ddof=1) / math.sqrt(c.shape[0])

@@ -1,0 +1,62 @@
+"""User-facing errors.
+
+A :class:`KvtraceError` is a problem with the user's input or options, not a bug. The
+CLI prints it as one line (no traceback unless ``--debug``) and exits 1. The message
+names the file, the line or row, the field and what was expected.
+"""
+
+from __future__ import annotations
+
+
+class KvtraceError(Exception):
+    """A problem with the user's input, reported as one line.
+
+    Parameters
+    ----------
+    message : str
+        What was expected and what was found.
+    path : str, optional
+        The file concerned.
+    line : int, optional
+        1-based line number (JSONL/CSV) in ``path``.
+    row : int, optional
+        0-based row number (Parquet) in ``path``.
+    field : str, optional
+        The field or column concerned.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: str | None = None,
+        line: int | None = None,
+        row: int | None = None,
+        field: str | None = None,
+    ) -> None:
+        self.message = message
+        self.path = path
+        self.line = line
+        self.row = row
+        self.field = field
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        where = ""
+        if self.path is not None:
+            where = str(self.path)
+            if self.line is not None:
+                where += f":{self.line}"
+            elif self.row is not None:
+                where += f": row {self.row}"
+            where += ": "
+        elif self.line is not None:
+            where = f"line {self.line}: "
+        elif self.row is not None:
+            where = f"row {self.row}: "
+        field = f"field '{self.field}': " if self.field else ""
+        return f"{where}{field}{self.message}"
+
+
+class UsageError(KvtraceError):
+    """An invalid option value (CLI exit code 2)."""

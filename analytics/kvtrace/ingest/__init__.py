@@ -1,0 +1,121 @@
+"""Trace ingest: source files -> canonical request table -> :class:`~kvtrace.trace.Trace`.
+
+Formats (DESIGN §1): Mooncake JSONL (FAST'25), Qwen-Bailian JSONL (ATC'25), generic
+Parquet/CSV (a list column of block hashes, or an exploded access table), and kvtrace's
+own canonical Parquet (written by :func:`write_canonical` / ``kvtrace ingest``).
+Every command reads any of them directly: ingest is implicit.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+
+from ..errors import KvtraceError
+from ..trace import Trace, TraceMeta
+from .canonical import read_metadata, requests_to_trace, write_canonical
+from .jsonl import first_record, read_bailian, read_bytes, read_mooncake, scan_for_error
+from .tabular import from_generic, read_canonical, read_table
+
+FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
+
+__all__ = ["FORMATS", "detect_format", "load_trace", "read_requests", "requests_to_trace", "write_canonical",
+           "read_metadata"]
+
+
+def detect_format(path: str | os.PathLike) -> str:
+    """``mooncake``, ``bailian``, ``parquet`` or ``csv``, from the suffix and the fields."""
+    p = str(path)
+    suffix = "".join(Path(p).suffixes[-2:]).lower()
+    if suffix.endswith((".parquet", ".pq")):
+        return "parquet"
+    if suffix.endswith((".csv", ".csv.gz")):
+        return "csv"
+    data = read_bytes(p)
+    rec = first_record(data, p)
+    line = next(n for n, raw in enumerate(io.BytesIO(data), start=1) if raw.strip())
+    if "chat_id" in rec or "parent_chat_id" in rec:
+        return "bailian"
+    if "hash_ids" in rec:
+        return "mooncake"
+    raise KvtraceError(
+        "cannot tell the trace format: expected Mooncake fields (timestamp, input_length, output_length, "
+        "hash_ids) or Qwen-Bailian fields (chat_id, parent_chat_id, ...); use --format",
+        path=p, line=line,
+    )
+
+
+def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None):
+    """Read any supported file into (canonical request table in file order, meta, jsonl bytes or None)."""
+    p = str(path)
+    if not os.path.exists(p):
+        raise KvtraceError("no such file", path=p)
+    if os.path.isdir(p):
+        raise KvtraceError("is a directory, expected a trace file", path=p)
+    if fmt not in FORMATS:
+        raise KvtraceError(f"unknown format '{fmt}': expected one of {', '.join(FORMATS)}", field="format")
+    if fmt == "auto":
+        fmt = detect_format(p)
+    if fmt in ("mooncake", "bailian"):
+        data = read_bytes(p)
+        if not data.strip():
+            raise KvtraceError("no requests: the file is empty", path=p)
+        reader = read_mooncake if fmt == "mooncake" else read_bailian
+        df, meta = reader(data, p, block_tokens)
+        return df, meta, data, fmt
+    if fmt == "parquet":
+        canon = read_canonical(p)
+        if canon is not None:
+            df, meta = canon
+            if block_tokens is not None and block_tokens != meta.block_tokens:
+                raise KvtraceError(
+                    f"--block-tokens {block_tokens} contradicts the trace's block size {meta.block_tokens}",
+                    path=p, field="block_tokens",
+                )
+            return df, meta, None, "canonical"
+    df = read_table(p, fmt)
+    if df.height == 0:
+        raise KvtraceError("no requests: the table is empty", path=p)
+    df, meta = from_generic(df, p, fmt, block_tokens)
+    return df, meta, None, fmt
+
+
+def load_trace(
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_tokens: int | None = None,
+    share_tenants: bool = False,
+) -> Trace:
+    """Read a trace file of any supported format into canonical form.
+
+    Parameters
+    ----------
+    path : path-like
+        JSONL (optionally gzip-compressed), Parquet or CSV.
+    fmt : str
+        ``auto`` (detect from suffix and fields), ``mooncake``, ``bailian``, ``parquet``
+        or ``csv``.
+    block_tokens : int, optional
+        Tokens per block; defaults to the format's (512 Mooncake, 16 Bailian); required
+        for generic tables.
+    share_tenants : bool
+        Treat equal hashes in different tenants as the same block.
+
+    Returns
+    -------
+    Trace
+    """
+    p = str(path)
+    df, meta, data, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens)
+    if share_tenants != meta.share_tenants:
+        meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
+    try:
+        return requests_to_trace(df, meta, source=p, already_relative=kind == "canonical")
+    except KvtraceError:
+        if data is not None:  # name the line, not the row
+            err = scan_for_error(data, p, kind)
+            if err is not None:
+                raise err from None
+        raise

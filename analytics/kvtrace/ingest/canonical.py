@@ -1,0 +1,194 @@
+"""Canonical request table -> :class:`~kvtrace.trace.Trace` (access table, dense ids).
+
+Every reader produces a canonical request table (``REQUEST_SCHEMA``) in file order;
+:func:`requests_to_trace` validates it, puts it in trace order, and builds the access
+table that every analysis consumes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import numpy as np
+import polars as pl
+
+from ..errors import KvtraceError
+from ..kernels.densify import densify
+from ..outputs import atomic_path
+from ..trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
+
+METADATA_KEY = b"kvtrace"
+
+
+def conform(df: pl.DataFrame) -> pl.DataFrame:
+    """Add missing nullable columns and cast to ``REQUEST_SCHEMA`` in its column order."""
+    cols = []
+    for name, dtype in REQUEST_SCHEMA.items():
+        if name in df.columns:
+            cols.append(pl.col(name).cast(dtype))
+        else:
+            cols.append(pl.lit(None, dtype=dtype).alias(name))
+    return df.select(cols)
+
+
+def requests_to_trace(
+    df: pl.DataFrame,
+    meta: TraceMeta,
+    *,
+    source: str | None = None,
+    row_to_line: np.ndarray | None = None,
+    already_relative: bool = True,
+) -> Trace:
+    """Validate a canonical request table and build the trace.
+
+    Parameters
+    ----------
+    df : polars.DataFrame
+        Canonical request table in file order (timestamps in seconds).
+    meta : TraceMeta
+        Trace metadata; ``meta.block_tokens`` sets the partial-last-block rule.
+    source : str, optional
+        File name for messages.
+    row_to_line : int64[R], optional
+        1-based source line of each row, for messages naming lines.
+    already_relative : bool
+        When False, timestamps are shifted so the first arrival is 0.
+
+    Returns
+    -------
+    Trace
+        Requests in trace order (stable sort by timestamp) and the access table.
+    """
+    src = source if source is not None else meta.source
+    df = conform(df)
+    warn: list[str] = []
+    if df.height == 0:
+        raise KvtraceError("no requests: the trace is empty", path=src)
+
+    def where(row: int) -> dict:
+        if row_to_line is not None:
+            return {"path": src, "line": int(row_to_line[row])}
+        return {"path": src, "row": int(row)}
+
+    for name in ("timestamp", "input_tokens", "output_tokens", "block_ids"):
+        nulls = df[name].is_null()
+        if nulls.any():
+            row = int(nulls.arg_true()[0])
+            raise KvtraceError("missing value (required)", field=name, **where(row))
+    ts = df["timestamp"].to_numpy()
+    bad = ~np.isfinite(ts)
+    if bad.any():
+        raise KvtraceError("expected a finite number", field="timestamp", **where(int(np.argmax(bad))))
+    for name in ("input_tokens", "output_tokens"):
+        neg = (df[name] < 0).to_numpy()
+        if neg.any():
+            row = int(np.argmax(neg))
+            raise KvtraceError(f"expected a non-negative integer, got {df[name][row]}", field=name, **where(row))
+
+    lengths = df["block_ids"].list.len().to_numpy().astype(np.int64)
+    inputs = df["input_tokens"].to_numpy().astype(np.int64)
+    empty = (lengths == 0) & (inputs > 0)
+    if empty.any():
+        row = int(np.argmax(empty))
+        raise KvtraceError(
+            f"empty hash list for a prompt of {inputs[row]} tokens", field="block_ids", **where(row)
+        )
+    B = int(meta.block_tokens)
+    if B <= 0:
+        raise KvtraceError(f"block size must be a positive number of tokens, got {B}", field="block_tokens")
+    expected = -(-inputs // B)
+    mismatch = int(np.count_nonzero(lengths != expected))
+    if mismatch:
+        warn.append(
+            f"{mismatch} of {df.height} requests have len(hash_ids) != ceil(input_length/{B}); "
+            "block tokens follow the hash list (last block clamped to [1, B])"
+        )
+
+    # Trace order: stable sort by timestamp.
+    descents = int(np.count_nonzero(np.diff(ts) < 0))
+    if descents:
+        warn.append(f"timestamps are not monotonic ({descents} decreases); requests sorted stably by time")
+        order = np.argsort(ts, kind="stable")
+        df = df[order]
+        ts = ts[order]
+        lengths = lengths[order]
+        inputs = inputs[order]
+    if not already_relative:
+        df = df.with_columns(pl.col("timestamp") - float(ts[0]))
+        ts = ts - ts[0]
+
+    req_start = np.zeros(df.height + 1, dtype=np.int64)
+    np.cumsum(lengths, out=req_start[1:])
+    n = int(req_start[-1])
+    request = np.repeat(np.arange(df.height, dtype=np.int64), lengths)
+    pos = (np.arange(n, dtype=np.int64) - np.repeat(req_start[:-1], lengths)).astype(np.int32)
+    tokens = np.full(n, B, dtype=np.int32)
+    has = lengths > 0
+    last_idx = req_start[1:][has] - 1
+    last_tokens = np.clip(inputs[has] - B * (lengths[has] - 1), 1, B)
+    tokens[last_idx] = last_tokens.astype(np.int32)
+
+    hashes = df["block_ids"].explode().to_numpy() if n else np.empty(0, dtype=np.uint64)
+    hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
+    if meta.share_tenants or df["tenant"].null_count() == df.height:
+        ns = np.full(n, -1, dtype=np.int32)
+    else:
+        # Namespace = rank of the tenant name among the trace's tenants (exact: two
+        # names never share a namespace).
+        names = sorted(df["tenant"].drop_nulls().unique().to_list())
+        ns_req = (
+            df["tenant"]
+            .replace_strict(names, list(range(len(names))), default=None, return_dtype=pl.Int32)
+            .fill_null(-1)
+            .to_numpy()
+        )
+        ns = ns_req[request]
+    block, state = densify(hashes, ns, tokens)
+    block_hash, block_ns, block_size = (a.copy() for a in state.arrays())
+    del state
+
+    return Trace(
+        requests=df,
+        accesses=Accesses(request=request, pos=pos, block=block, tokens=tokens, req_start=req_start),
+        block_hash=block_hash,
+        block_tenant=block_ns,
+        block_size=block_size,
+        meta=meta,
+        warnings=warn,
+    )
+
+
+def write_canonical(trace_or_requests, meta: TraceMeta | None, path: str | os.PathLike) -> None:
+    """Write the canonical request table to Parquet (atomically) with trace metadata.
+
+    Parameters
+    ----------
+    trace_or_requests : Trace or polars.DataFrame
+    meta : TraceMeta or None
+        Required when a DataFrame is given.
+    path : path-like
+        Destination ``.parquet`` file.
+    """
+    import pyarrow.parquet as pq
+
+    if isinstance(trace_or_requests, Trace):
+        df, meta = trace_or_requests.requests, trace_or_requests.meta
+    else:
+        df = conform(trace_or_requests)
+        if meta is None:
+            raise ValueError("meta is required when writing a DataFrame")
+    table = df.to_arrow()
+    md = dict(table.schema.metadata or {})
+    md[METADATA_KEY] = json.dumps({"version": 1, **meta.to_dict()}, sort_keys=True).encode()
+    table = table.replace_schema_metadata(md)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 17)
+
+
+def read_metadata(path: str | os.PathLike) -> dict | None:
+    """The kvtrace metadata of a Parquet file, or None when it has none."""
+    import pyarrow.parquet as pq
+
+    md = pq.read_schema(path).metadata or {}
+    raw = md.get(METADATA_KEY)
+    return json.loads(raw) if raw else None
