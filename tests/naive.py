@@ -157,3 +157,168 @@ def lru_simulate(block, size, req_start, capacity, prefix_aware):
         assert used == sum(cache.values()) and used <= capacity
         after.append(set(cache))
     return np.array(hits, dtype=bool).reshape(len(hits)), after
+
+
+# --- curve metrics twin ---
+#
+# The specification of every column of the curve table (kvtrace.curves, DESIGN §3) at
+# one capacity, by replaying the trace through ``lru_simulate`` (an explicit
+# OrderedDict byte-LRU). Nothing here uses kvtrace's kernels, distances or grids.
+
+from typing import NamedTuple  # noqa: E402
+
+
+class CurveTrace(NamedTuple):
+    """What the curve metrics need of a trace, as plain lists in trace order.
+
+    ``block``, ``tokens``, ``pos`` per access; ``size`` (tokens a block occupies in a
+    cache: the max over its accesses) per dense block; ``req_start`` request offsets;
+    ``timestamp`` (s) per request; ``block_tokens`` tokens of a full block.
+    """
+
+    block: list
+    tokens: list
+    pos: list
+    size: list
+    req_start: list
+    timestamp: list
+    block_tokens: int
+
+
+def curve_trace(rows, block_tokens: int, share_tenants: bool = False):
+    """Canonical request rows (dicts) -> (CurveTrace, trace-order row indices).
+
+    A restatement of DESIGN §1: requests stably sorted by ``timestamp``; blocks in
+    chain order; the last block holds ``input_tokens - B*(n-1)`` tokens clamped to
+    [1, B]; equal hashes in different tenants are different blocks (unless shared);
+    a block's size is its largest token count in the trace.
+    """
+    B = int(block_tokens)
+    order = sorted(range(len(rows)), key=lambda i: float(rows[i]["timestamp"]))
+    ids: dict = {}
+    block, tokens, pos, size, starts, ts = [], [], [], [], [0], []
+    for i in order:
+        row = rows[i]
+        hashes = [int(h) for h in row["block_ids"]]
+        n = len(hashes)
+        tenant = None if share_tenants else row.get("tenant")
+        for j, h in enumerate(hashes):
+            k = B if j < n - 1 else min(max(int(row["input_tokens"]) - B * (n - 1), 1), B)
+            b = ids.setdefault((tenant, h), len(ids))
+            if b == len(size):
+                size.append(k)
+            size[b] = max(size[b], k)
+            block.append(b)
+            tokens.append(k)
+            pos.append(j)
+        starts.append(len(block))
+        ts.append(float(row["timestamp"]))
+    return CurveTrace(block, tokens, pos, size, starts, ts, B), order
+
+
+def _curve_trace_of(trace_like) -> CurveTrace:
+    if isinstance(trace_like, CurveTrace):
+        return trace_like
+    # a kvtrace Trace: read its canonical access table only
+    a = trace_like.accesses
+    return CurveTrace(_as_ints(a.block), _as_ints(a.tokens), _as_ints(a.pos), _as_ints(trace_like.block_size),
+                      _as_ints(a.req_start), [float(x) for x in trace_like.request_timestamp],
+                      int(trace_like.meta.block_tokens))
+
+
+def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_measured_request,
+                  *, capacity_bytes=None, requests=None):
+    """Every metric of the curve table at one capacity, by direct LRU simulation.
+
+    Parameters
+    ----------
+    trace_like : CurveTrace or kvtrace Trace
+    capacity_tokens : int or math.inf
+        Cache capacity in tokens (inf: nothing is ever evicted).
+    model : ModelSpec
+        Gives ``kv_bytes_per_token`` and ``flops_coefficients()`` = (a, b): a token at
+        0-based prompt position p costs a + b*p FLOPs.
+    gpu : GpuSpec
+        ``peak_flops`` x ``mfu`` FLOP/s at ``dollars_per_hour``.
+    prefix_aware : bool
+        Request-atomic LRU (True) or flat block LRU (False).
+    first_measured_request : int
+        Requests before it (trace order) only warm the cache.
+    capacity_bytes : int, optional
+        Capacity in bytes instead (wins over ``capacity_tokens``); blocks are then
+        sized in bytes, so a capacity that is not a multiple of bytes/token is
+        simulated as given.
+    requests : set of int, optional
+        Count only these requests (trace order; a group), cache still shared by all.
+
+    Returns
+    -------
+    dict
+        Every rate and value column of the curve table (NaN where the denominator is
+        0), and the underlying counts/sums.
+    """
+    tr = _curve_trace_of(trace_like)
+    bpt = int(model.kv_bytes_per_token)
+    a, b = model.flops_coefficients()
+    B = tr.block_tokens
+    size_bytes = [s * bpt for s in tr.size]
+    if capacity_bytes is None:
+        capacity_bytes = sum(size_bytes) if capacity_tokens == float("inf") else int(capacity_tokens) * bpt
+    hits, _ = lru_simulate(tr.block, size_bytes, tr.req_start, capacity_bytes, prefix_aware)
+
+    n_req = len(tr.req_start) - 1
+    c = dict.fromkeys(["requests", "hit_requests", "blocks", "hit_blocks", "prefix_blocks", "tokens",
+                       "hit_tokens", "prefix_tokens", "bytes", "hit_bytes", "prefix_bytes",
+                       "pos_sum", "prefix_pos_sum"], 0)
+    for r in range(first_measured_request, n_req):
+        if requests is not None and r not in requests:
+            continue
+        lo, hi = tr.req_start[r], tr.req_start[r + 1]
+        c["requests"] += 1
+        c["hit_requests"] += int(hi > lo and bool(hits[lo]))
+        prefix = True
+        for t in range(lo, hi):
+            k = tr.tokens[t]
+            start = tr.pos[t] * B
+            q = sum(range(start, start + k))  # exact sum of the block's token positions
+            nbytes = size_bytes[tr.block[t]]
+            hit = bool(hits[t])
+            prefix = prefix and hit
+            c["blocks"] += 1
+            c["tokens"] += k
+            c["bytes"] += nbytes
+            c["pos_sum"] += q
+            if hit:
+                c["hit_blocks"] += 1
+                c["hit_tokens"] += k
+                c["hit_bytes"] += nbytes
+            if prefix:
+                c["prefix_blocks"] += 1
+                c["prefix_tokens"] += k
+                c["prefix_bytes"] += nbytes
+                c["prefix_pos_sum"] += q
+
+    def ratio(x, y):
+        return x / y if y else float("nan")
+
+    flops_saved = a * c["prefix_tokens"] + b * c["prefix_pos_sum"]
+    flops_all = a * c["tokens"] + b * c["pos_sum"]
+    seconds = tr.timestamp[-1] - tr.timestamp[first_measured_request] if n_req else 0.0
+    gpu_seconds = flops_saved / (gpu.peak_flops * gpu.mfu)
+    per_hour = 3600.0 / seconds if seconds > 0 else float("nan")
+    return {
+        "request_hit_rate": ratio(c["hit_requests"], c["requests"]),
+        "prefix_token_hit_rate": ratio(c["prefix_tokens"], c["tokens"]),
+        "prefix_byte_hit_rate": ratio(c["prefix_bytes"], c["bytes"]),
+        "prefix_block_hit_rate": ratio(c["prefix_blocks"], c["blocks"]),
+        "block_hit_rate": ratio(c["hit_blocks"], c["blocks"]),
+        "token_hit_rate": ratio(c["hit_tokens"], c["tokens"]),
+        "byte_hit_rate": ratio(c["hit_bytes"], c["bytes"]),
+        "compute_saved_rate": ratio(flops_saved, flops_all),
+        "gpu_seconds_saved_per_hour": gpu_seconds * per_hour,
+        "dollars_saved_per_hour": gpu_seconds * gpu.dollars_per_hour / 3600.0 * per_hour,
+        "read_bandwidth_bytes_per_s": c["prefix_bytes"] / seconds if seconds > 0 else float("nan"),
+        "flops_saved": flops_saved,
+        "measured_seconds": seconds,
+        **c,
+    }

@@ -12,6 +12,7 @@ import json
 import math
 import os
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -120,7 +121,7 @@ def test_schema_and_bookkeeping(traces, kind):
             assert (p["tenant"], p["type"]) == (r["tenant"], r["type"])
 
 
-@pytest.mark.parametrize("B", [512, 16, 1, 100])
+@pytest.mark.parametrize("B", [512, 16, 1, 100, 10**6])
 def test_block_count_is_ceil_of_input_tokens(B):
     df, meta = synth.generate("mixed", 500, 2, block_tokens=B)
     n_blocks = df["block_ids"].list.len().cast(pl.Int64)
@@ -392,3 +393,35 @@ def test_rag_prompts_hold_one_to_four_distinct_documents():
         assert len(set(row[:k].tolist())) == k
     # Zipf-popular corpus: the most used document is in many sessions
     assert np.bincount(docs[docs >= 0]).max() > 0.05 * docs.shape[0]
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.mark.parametrize(
+    "name,kind,n,B,fmt",
+    [("chat.jsonl", "chat", 4000, None, "mooncake"),
+     ("mixed.parquet", "mixed", 3000, None, "parquet"),
+     ("agent_bailian.jsonl", "agent", 150, 16, "bailian")],
+)
+def test_bundled_samples_are_reproducible(tmp_path, name, kind, n, B, fmt):
+    """The commands in sample_traces/README.md remake the bundled files; if the
+    generator changes, regenerate them (and the README's stats)."""
+    bundled = SAMPLES / name
+    df, meta = synth.generate(kind, n, 1, block_tokens=B)
+    made = tmp_path / name
+    synth.write(df, meta, made, fmt)
+    if fmt == "parquet":
+        assert pl.read_parquet(bundled).equals(pl.read_parquet(made))
+        assert pq.read_schema(bundled).metadata[b"kvtrace"] == pq.read_schema(made).metadata[b"kvtrace"]
+    else:
+        assert bundled.read_bytes() == made.read_bytes()
+    assert f"--requests {n} --seed 1" in (SAMPLES / "README.md").read_text()
+
+
+@pytest.mark.parametrize("kind", synth.KINDS)
+def test_single_request(kind):
+    df, _ = synth.generate(kind, 1, 0)
+    assert df.height == 1 and df["timestamp"][0] == 0.0 and df["turn"][0] == 1
+    n = df["block_ids"].list.len()[0]
+    assert df["block_ids"][0].to_list() == list(range(n))

@@ -100,30 +100,36 @@ def reuse_distances(
 
 
 def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -> Distances:
-    n = block.shape[0]
-    state = StackState(size.shape[0])
-    dist = np.empty(n, dtype=np.int64)
-    dist_blocks = np.empty(n if details else 0, dtype=np.int64)
-    prev_request = np.empty(n if details else 0, dtype=np.int64)
     size = np.ascontiguousarray(size, dtype=np.int64)
-    n_req = req_start.shape[0] - 1
-    r = 0
-    while r < n_req:
-        # chunks of whole requests, about _CHUNK_ACCESSES accesses each
-        r_end = int(np.searchsorted(req_start, req_start[r] + _CHUNK_ACCESSES, side="right"))
-        r_end = min(max(r_end - 1, r + 1), n_req)
-        lo, hi = int(req_start[r]), int(req_start[r_end])
-        stack_distances_chunk(
-            block[lo:hi], size, req_start[r:r_end + 1] - lo, r, ev == "prefix-aware",
-            state.tree, state.slot_block, state.last_slot, state.last_request, state.scalars,
-            dist[lo:hi], dist_blocks[lo:hi] if details else dist_blocks,
-            prev_request[lo:hi] if details else prev_request,
-        )
-        if progress is not None:
-            progress(hi, n)
-        r = r_end
-    usable = usable_distances(dist, np.ascontiguousarray(req_start, dtype=np.int64))
-    return Distances(ev, dist, usable, dist_blocks if details else None, prev_request if details else None)
+    req_start = np.ascontiguousarray(req_start, dtype=np.int64)
+    n = block.shape[0]
+    passes = [(size, True)]
+    if details:  # the depth in blocks is the same distance with unit sizes
+        passes.append((np.ones_like(size), False))
+    outputs = []
+    for p, (sizes, main) in enumerate(passes):
+        state = StackState(sizes.shape[0])
+        dist = np.empty(n, dtype=np.int64)
+        prev = np.empty(n if (details and main) else 0, dtype=np.int64)
+        n_req = req_start.shape[0] - 1
+        r = 0
+        while r < n_req:
+            # chunks of whole requests, about _CHUNK_ACCESSES accesses each
+            r_end = int(np.searchsorted(req_start, req_start[r] + _CHUNK_ACCESSES, side="right"))
+            r_end = min(max(r_end - 1, r + 1), n_req)
+            lo, hi = int(req_start[r]), int(req_start[r_end])
+            stack_distances_chunk(
+                block[lo:hi], sizes, req_start[r:r_end + 1] - lo, r, ev == "prefix-aware",
+                *state.arrays(), dist[lo:hi], prev[lo:hi] if prev.shape[0] else prev,
+            )
+            if progress is not None:
+                progress(p * n + hi, n * len(passes))
+            r = r_end
+        outputs.append((dist, prev))
+    dist, prev = outputs[0]
+    usable = usable_distances(dist, req_start)
+    dist_blocks = outputs[1][0] if details else None
+    return Distances(ev, dist, usable, dist_blocks, prev if details else None)
 
 
 def distances_table(trace: Trace, d: Distances, kv_bytes_per_token: int) -> pl.DataFrame:

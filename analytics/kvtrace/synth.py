@@ -149,21 +149,27 @@ def _expand(starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return out
 
 
-def _lognormal(rng: np.random.Generator, spec: np.ndarray, n: int) -> np.ndarray:
-    """Integer lognormal draws; ``spec`` is an (n, 4) array of (median, sigma, lo, hi)."""
+def _param(field: str, app: int | np.ndarray, i: int | None = None) -> float | np.ndarray:
+    """Field ``field`` (item ``i`` of a tuple field) of each app in ``app``: a scalar
+    for one app code, an array for an array of codes."""
+    vals = [getattr(a, field) if i is None else getattr(a, field)[i] for a in _APPS]
+    return np.array(vals, dtype=np.float64)[app]
+
+
+def _lognormal(rng: np.random.Generator, field: str, app: int | np.ndarray, n: int) -> np.ndarray:
+    """``n`` integer lognormal draws of the (median, sigma, lo, hi) field ``field``."""
     z = rng.standard_normal(n)
-    v = np.exp(np.log(spec[:, 0]) + spec[:, 1] * z)
-    return np.clip(np.rint(v), spec[:, 2], spec[:, 3]).astype(np.int64)
+    med, sigma, lo, hi = (_param(field, app, i) for i in range(4))
+    z *= sigma
+    z += np.log(med)
+    np.exp(z, out=z)
+    np.rint(z, out=z)
+    return np.clip(z, lo, hi).astype(np.int64)
 
 
 def _zipf_p(n: int, s: float) -> np.ndarray:
     w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** s
     return w / w.sum()
-
-
-def _spec(field: str, app: np.ndarray) -> np.ndarray:
-    table = np.array([getattr(a, field) for a in _APPS], dtype=np.float64)
-    return table[app]
 
 
 def _session_starts(rng: np.random.Generator, n: int, rate: float) -> np.ndarray:
@@ -340,11 +346,11 @@ def _attempt(kind: str, n: int, seed: int, B: int, rate: float, S: int) -> _Plan
 
     # --- tenants' system prompts and rag corpora (fixed per seed, not per S)
     t_app = np.repeat(np.arange(n_apps), [a.n_tenants for a in _APPS])
-    sys_tokens = _lognormal(rng, _spec("sys_tokens", t_app), n_tenants)
-    doc_tokens = _lognormal(
-        rng, np.tile(np.array(_DOC_LEN, dtype=np.float64), (n_tenants * _DOCS_PER_TENANT, 1)),
-        n_tenants * _DOCS_PER_TENANT,
-    ).reshape(n_tenants, _DOCS_PER_TENANT)
+    sys_tokens = _lognormal(rng, "sys_tokens", t_app, n_tenants)
+    z = rng.standard_normal(n_tenants * _DOCS_PER_TENANT)
+    doc_tokens = np.clip(np.rint(np.exp(math.log(_DOC_LEN[0]) + _DOC_LEN[1] * z)),
+                         _DOC_LEN[2], _DOC_LEN[3]).astype(np.int64)
+    doc_tokens = doc_tokens.reshape(n_tenants, _DOCS_PER_TENANT)
 
     # --- sessions: app type, tenant, documents, turns
     if kind == "mixed":
@@ -369,9 +375,11 @@ def _attempt(kind: str, n: int, seed: int, B: int, rate: float, S: int) -> _Plan
     order = np.argsort(~valid, axis=1, kind="stable")  # valid first, in draw order
     docs = np.where(np.take_along_axis(valid, order, axis=1),
                     np.take_along_axis(draws, order, axis=1), -1).astype(np.int64)
-    tspec = _spec("turns", app)
-    turns = tspec[:, 0] + np.floor(tspec[:, 2] * rng.pareto(tspec[:, 1]))
-    turns = np.minimum(turns, tspec[:, 3]).astype(np.int64)
+    # one app code (a scalar: cheaper) unless the trace is mixed
+    s_app: int | np.ndarray = app if kind == "mixed" else _APP_CODE[kind]
+    turns = _param("turns", s_app, 0) + np.floor(
+        _param("turns", s_app, 2) * rng.pareto(_param("turns", s_app, 1), S))
+    turns = np.minimum(turns, _param("turns", s_app, 3)).astype(np.int64)
 
     # --- shared-prefix nodes: tenant system prompt, then each document prefix
     D1 = 1 + _MAX_DOCS
@@ -394,24 +402,29 @@ def _attempt(kind: str, n: int, seed: int, B: int, rate: float, S: int) -> _Plan
     g_start = _excl_cumsum(turns)
     g_turn = np.arange(R0) - np.repeat(g_start, turns) + 1
     g_app = app[g_sess]
+    r_app: int | np.ndarray = g_app if kind == "mixed" else _APP_CODE[kind]
     first = g_turn == 1
-    user = np.where(first, _lognormal(rng, _spec("first_tokens", g_app), R0),
-                    _lognormal(rng, _spec("next_tokens", g_app), R0))
-    out = _lognormal(rng, _spec("output_tokens", g_app), R0)
+    user = _lognormal(rng, "next_tokens", r_app, R0)
+    user[g_start] = _lognormal(rng, "first_tokens", s_app, S)
+    out = _lognormal(rng, "output_tokens", r_app, R0)
     prev_out = np.concatenate([[0], out[:-1]])
     delta = user + np.where(first, 0, prev_out)
     csum = np.cumsum(delta)
     L = shared_end[g_sess] + csum - np.repeat(csum[g_start] - delta[g_start], turns)
     # a session ends before its context exceeds the model's window (monotone in turn)
-    fits = (L + out <= np.array([a.max_context for a in _APPS])[g_app]) | first
-    think = _spec("think_s", g_app)
-    rev = _spec("revisit", g_app)
-    gap = np.exp(np.log(think[:, 0]) + think[:, 1] * rng.standard_normal(R0))
-    revisit_gap = np.exp(np.log(rev[:, 1]) + rev[:, 2] * rng.standard_normal(R0))
-    gap = np.where(rng.random(R0) < rev[:, 0], revisit_gap, gap)
-    decode = np.array([a.decode_s_per_token for a in _APPS])[g_app]
-    step_s = _SERVICE_BASE_S + L * _PREFILL_S_PER_TOKEN + out * decode + gap
-    step_ms = np.maximum(1, np.rint(step_s * 1000.0)).astype(np.int64)
+    fits = (L + out <= _param("max_context", r_app)) | first
+    # gap to the next turn: service (prefill + decode) + think/tool time, or a revisit
+    gap = np.exp(np.log(_param("think_s", r_app, 0))
+                 + _param("think_s", r_app, 1) * rng.standard_normal(R0))
+    revisit = rng.random(R0) < _param("revisit", r_app, 0)
+    n_rev = int(revisit.sum())
+    rev_app = r_app[revisit] if isinstance(r_app, np.ndarray) else r_app
+    gap[revisit] = np.exp(np.log(_param("revisit", rev_app, 1))
+                          + _param("revisit", rev_app, 2) * rng.standard_normal(n_rev))
+    gap += _SERVICE_BASE_S + L * _PREFILL_S_PER_TOKEN + out * _param("decode_s_per_token", r_app)
+    gap *= 1000.0
+    step_ms = np.maximum(1, np.rint(gap)).astype(np.int64)
+    del gap, revisit
 
     keep = fits
     g_sess, g_turn, g_app, user, out, L, step_ms = (

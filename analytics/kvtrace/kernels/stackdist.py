@@ -11,7 +11,8 @@ Conventions
 - An LRU cache of capacity ``C`` tokens hits access ``t`` iff ``dist[t] <= C``. A block
   larger than ``C`` is never cached; it still passes through the stack (for
   ``C >= max(size)`` this is exactly an ordinary byte-LRU).
-- ``dist_blocks[t]`` is the same depth counted in blocks (1 = the most recent block).
+- The depth in blocks (1 = the most recent block) is the same distance with every
+  size set to 1: :func:`stack_distances` computes it that way when asked.
 - Two models. *flat*: a sequential LRU over the chain-order access stream.
   *prefix-aware* (request-atomic): all accesses of a request are answered against the
   stack as the request found it, then its blocks are touched tail-first so that the
@@ -19,11 +20,20 @@ Conventions
 
 Method
 ------
-A Fenwick tree over touch "slots" holds, at the slot of each block's latest touch, the
-block's size and a count of 1. The depth of ``b`` is the suffix sum after its slot.
-Slots are handed out in touch order; when they run out, live slots are renumbered in
-order and the tree is rebuilt in O(K), so memory stays O(distinct blocks) whatever the
-number of accesses. Time O(N log M).
+Olken's method with a shallow sum tree: the size of each block sits at the "slot" of
+its latest touch, and the depth of ``b`` is the sum of sizes after its slot. A 64-ary
+tree of partial sums (levels of 64-slot, 4096-slot, ... blocks) makes a touch O(log64 K)
+writes (a Fenwick tree needs log2 K scattered ones; moving a block is the hot path) and
+a sum O(64 log64 K) contiguous reads, each level summed from whichever end of its block
+is nearer. Slots are handed out in touch order; when they run out, live slots are
+renumbered in order and the sums rebuilt in O(K), so memory stays O(distinct blocks)
+whatever the number of accesses. Time O(N log M).
+
+Prompts reuse whole runs of blocks that were touched together, so consecutive queries
+usually land on neighbouring slots. The kernel keeps the last prefix sum and walks the
+few slots between it and the next query instead of descending the tree again (the
+cached sum is kept exact under every update), which makes a chained reuse O(1) to
+query.
 """
 
 from __future__ import annotations
@@ -35,8 +45,15 @@ from ..config import NJIT
 
 COLD = np.iinfo(np.int64).max
 
-# Indices into the small scalar-state array.
-_NEXT_SLOT, _TOTAL_TOKENS, _TOTAL_BLOCKS = 0, 1, 2
+# Indices into the small scalar-state array: next free slot, live total, and the
+# cached prefix sum (slot, tokens) of the last query.
+_NEXT_SLOT, _TOTAL, _CACHE_SLOT, _CACHE_SUM = 0, 1, 2, 3
+# Fan-out of the sum tree.
+_SHIFT = 6
+_FAN = 1 << _SHIFT
+# Widest gap between two queried slots that is walked slot by slot rather than
+# answered from the tree.
+_WALK = 16
 
 
 class StackState:
@@ -49,130 +66,198 @@ class StackState:
     """
 
     def __init__(self, n_blocks: int) -> None:
-        slots = 2 * int(n_blocks) + 64
-        self.tree = np.zeros((slots + 1, 2), dtype=np.int64)  # [:, 0] tokens, [:, 1] blocks
+        slots = ((2 * int(n_blocks) + 64 + _FAN - 1) >> _SHIFT) << _SHIFT
+        offsets = [0]  # start of each level >= 1 in ``tree``; level 0 is ``slot_size``
+        n, total = slots, 0
+        while n > _FAN:
+            n = (n + _FAN - 1) >> _SHIFT
+            offsets.append(total)
+            total += n
+        offsets.append(total)  # end of the top level
+        self.tree = np.zeros(max(total, 1), dtype=np.int64)
+        self.offsets = np.array(offsets, dtype=np.int64)
         self.slot_block = np.full(slots, -1, dtype=np.int64)
+        self.slot_size = np.zeros(slots, dtype=np.int64)  # size at a live slot, 0 when free
         self.last_slot = np.full(int(n_blocks), -1, dtype=np.int64)
         self.last_request = np.full(int(n_blocks), -1, dtype=np.int64)
-        self.scalars = np.zeros(3, dtype=np.int64)
+        self.scalars = np.zeros(4, dtype=np.int64)
+        self.scalars[_CACHE_SLOT] = -1
+
+    def arrays(self):
+        return self.tree, self.offsets, self.slot_block, self.slot_size, self.last_slot, self.last_request, self.scalars
 
 
 @njit(**NJIT)
-def _prefix(tree, slot):
-    """Sums of tokens and blocks over slots 0..slot (inclusive)."""
-    tokens = 0
-    blocks = 0
-    i = slot + 1
-    while i > 0:
-        tokens += tree[i, 0]
-        blocks += tree[i, 1]
-        i -= i & (-i)
-    return tokens, blocks
+def _prefix(tree, offsets, slot_size, slot, total):
+    """Sum of sizes over slots 0..slot (inclusive)."""
+    n_levels = offsets.shape[0] - 1  # levels 1..n_levels-1 live in ``tree``
+    # level 0: the slot's 64-block, from the nearer end
+    lo = slot & ~(_FAN - 1)
+    hi = min(lo + _FAN, slot_size.shape[0])
+    acc = 0
+    if slot - lo < _FAN // 2 or n_levels == 1:
+        for u in range(lo, slot + 1):
+            acc += slot_size[u]
+    else:
+        acc = tree[offsets[1] + (slot >> _SHIFT)]
+        for u in range(slot + 1, hi):
+            acc -= slot_size[u]
+    i = slot >> _SHIFT
+    for level in range(1, n_levels):
+        base = offsets[level]
+        length = offsets[level + 1] - base
+        lo = i & ~(_FAN - 1)
+        hi = min(lo + _FAN, length)
+        if level + 1 < n_levels:
+            if i - lo <= _FAN // 2:
+                for u in range(lo, i):
+                    acc += tree[base + u]
+            else:
+                acc += tree[offsets[level + 1] + (i >> _SHIFT)]
+                for u in range(i, hi):
+                    acc -= tree[base + u]
+        else:  # top level: its total is the live total
+            if i <= length // 2:
+                for u in range(0, i):
+                    acc += tree[base + u]
+            else:
+                acc += total
+                for u in range(i, length):
+                    acc -= tree[base + u]
+        i >>= _SHIFT
+    return acc
 
 
 @njit(**NJIT)
-def _add(tree, slot, tokens, blocks):
-    n = tree.shape[0] - 1
-    i = slot + 1
-    while i <= n:
-        tree[i, 0] += tokens
-        tree[i, 1] += blocks
-        i += i & (-i)
-
-
-@njit(**NJIT)
-def _compact(tree, slot_block, last_slot, size, scalars):
-    """Renumber live slots 0..live-1 in touch order and rebuild the tree in O(K)."""
-    n = tree.shape[0] - 1
+def _compact(tree, offsets, slot_block, slot_size, last_slot, scalars):
+    """Renumber live slots 0..live-1 in touch order and rebuild the sums in O(K)."""
     live = 0
     for s in range(scalars[_NEXT_SLOT]):
         b = slot_block[s]
         if b >= 0:
+            v = slot_size[s]
             slot_block[s] = -1
+            slot_size[s] = 0
             slot_block[live] = b
+            slot_size[live] = v
             last_slot[b] = live
             live += 1
-    tree[:, :] = 0
-    for s in range(live):
-        b = slot_block[s]
-        tree[s + 1, 0] += size[b]
-        tree[s + 1, 1] += 1
-    for i in range(1, n + 1):
-        j = i + (i & (-i))
-        if j <= n:
-            tree[j, 0] += tree[i, 0]
-            tree[j, 1] += tree[i, 1]
+    tree[:] = 0
+    if offsets.shape[0] > 2:
+        base = offsets[1]
+        for s in range(live):
+            tree[base + (s >> _SHIFT)] += slot_size[s]
+        for level in range(2, offsets.shape[0] - 1):
+            below = offsets[level - 1]
+            for u in range(offsets[level] - below):
+                tree[offsets[level] + (u >> _SHIFT)] += tree[below + u]
     scalars[_NEXT_SLOT] = live
-
-
-@njit(**NJIT)
-def _touch(b, request, size, tree, slot_block, last_slot, last_request, scalars):
-    """Make block ``b`` the most recent one."""
-    if scalars[_NEXT_SLOT] == slot_block.shape[0]:
-        _compact(tree, slot_block, last_slot, size, scalars)
-    old = last_slot[b]
-    if old >= 0:
-        _add(tree, old, -size[b], -1)
-        slot_block[old] = -1
-    else:
-        scalars[_TOTAL_TOKENS] += size[b]
-        scalars[_TOTAL_BLOCKS] += 1
-    new = scalars[_NEXT_SLOT]
-    scalars[_NEXT_SLOT] = new + 1
-    _add(tree, new, size[b], 1)
-    slot_block[new] = b
-    last_slot[b] = new
-    last_request[b] = request
-
-
-@njit(**NJIT)
-def _query(b, size, tree, last_slot, scalars):
-    """(depth in tokens, depth in blocks) of ``b``; COLD if never touched."""
-    s = last_slot[b]
-    if s < 0:
-        return COLD, COLD
-    tokens, blocks = _prefix(tree, s)
-    return size[b] + scalars[_TOTAL_TOKENS] - tokens, 1 + scalars[_TOTAL_BLOCKS] - blocks
+    scalars[_CACHE_SLOT] = -1
 
 
 @njit(**NJIT)
 def stack_distances_chunk(
     block, size, req_start, first_request, prefix_aware,
-    tree, slot_block, last_slot, last_request, scalars,
-    dist, dist_blocks, prev_request,
+    tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
+    dist, prev_request,
 ):
-    """Process requests ``req_start`` (local offsets into ``block``) of one chunk.
+    """Process the requests of one chunk (``req_start``: local offsets into ``block``).
 
-    ``first_request`` is the global index of the chunk's first request; outputs are
-    written into ``dist``, ``dist_blocks`` and ``prev_request`` (same length as
-    ``block``; pass empty arrays for the last two to skip them). State arrays are
-    updated in place.
+    ``first_request`` is the global index of the chunk's first request. Distances go
+    to ``dist``; the request of each block's previous touch to ``prev_request`` (pass
+    an empty array to skip it). State arrays are updated in place.
+
+    The hot path (query and touch) is written out in this one loop, with the scalar
+    state in local variables: this kernel runs once per block access of a trace.
     """
     n_req = req_start.shape[0] - 1
-    extra = dist_blocks.shape[0] > 0  # callers that only need dist pass empty arrays
+    want_prev = prev_request.shape[0] > 0
+    n_slots = slot_block.shape[0]
+    top = offsets.shape[0] - 1  # tree levels are 1..top-1
+    next_slot = scalars[_NEXT_SLOT]
+    total = scalars[_TOTAL]
+    cache_slot = scalars[_CACHE_SLOT]
+    cache_sum = scalars[_CACHE_SUM]
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
         g = first_request + r
-        if prefix_aware:
-            for t in range(lo, hi):
+        # In the prefix-aware model all queries of a request come first, then the
+        # touches (tail-first); in the flat model each access queries then touches.
+        n_phases = 2 if prefix_aware else 1
+        for phase in range(n_phases):
+            if prefix_aware:
+                start, stop, step = (lo, hi, 1) if phase == 0 else (hi - 1, lo - 1, -1)
+            else:
+                start, stop, step = lo, hi, 1
+            do_query = phase == 0
+            do_touch = (not prefix_aware) or phase == 1
+            for t in range(start, stop, step):
                 b = block[t]
-                d, db = _query(b, size, tree, last_slot, scalars)
-                dist[t] = d
-                if extra:
-                    dist_blocks[t] = db
-                    prev_request[t] = last_request[b]
-            for t in range(hi - 1, lo - 1, -1):
-                _touch(block[t], g, size, tree, slot_block, last_slot, last_request, scalars)
-        else:
-            for t in range(lo, hi):
-                b = block[t]
-                d, db = _query(b, size, tree, last_slot, scalars)
-                dist[t] = d
-                if extra:
-                    dist_blocks[t] = db
-                    prev_request[t] = last_request[b]
-                _touch(b, g, size, tree, slot_block, last_slot, last_request, scalars)
+                sz = size[b]
+                s = last_slot[b]
+                if do_query:
+                    if s < 0:
+                        dist[t] = COLD
+                    else:
+                        if cache_slot >= 0 and cache_slot - _WALK <= s <= cache_slot + _WALK:
+                            acc = cache_sum
+                            if s > cache_slot:
+                                for u in range(cache_slot + 1, s + 1):
+                                    acc += slot_size[u]
+                            else:
+                                for u in range(s + 1, cache_slot + 1):
+                                    acc -= slot_size[u]
+                        else:
+                            acc = _prefix(tree, offsets, slot_size, s, total)
+                        cache_slot = s
+                        cache_sum = acc
+                        dist[t] = sz + total - acc
+                    if want_prev:
+                        prev_request[t] = last_request[b]
+                if do_touch:
+                    if want_prev:
+                        last_request[b] = g
+                    if next_slot == n_slots:
+                        scalars[_NEXT_SLOT] = next_slot
+                        _compact(tree, offsets, slot_block, slot_size, last_slot, scalars)
+                        next_slot = scalars[_NEXT_SLOT]
+                        cache_slot = -1
+                        s = last_slot[b]
+                    if s >= 0:
+                        i = s
+                        for level in range(1, top):
+                            i >>= _SHIFT
+                            tree[offsets[level] + i] -= sz
+                        slot_block[s] = -1
+                        slot_size[s] = 0
+                        if s <= cache_slot:
+                            cache_sum -= sz
+                    else:
+                        total += sz
+                    # the new slot is above every live one: the cached prefix is unaffected
+                    i = next_slot
+                    for level in range(1, top):
+                        i >>= _SHIFT
+                        tree[offsets[level] + i] += sz
+                    slot_block[next_slot] = b
+                    slot_size[next_slot] = sz
+                    last_slot[b] = next_slot
+                    next_slot += 1
+    scalars[_NEXT_SLOT] = next_slot
+    scalars[_TOTAL] = total
+    scalars[_CACHE_SLOT] = cache_slot
+    scalars[_CACHE_SUM] = cache_sum
+
+
+def _run(block, size, req_start, prefix_aware, want_prev):
+    n = block.shape[0]
+    state = StackState(size.shape[0])
+    dist = np.empty(n, dtype=np.int64)
+    prev = np.empty(n if want_prev else 0, dtype=np.int64)
+    if req_start.shape[0] > 1:
+        stack_distances_chunk(block, size, req_start, 0, bool(prefix_aware), *state.arrays(), dist, prev)
+    return dist, prev
 
 
 def stack_distances(block, size, req_start, prefix_aware):
@@ -201,18 +286,9 @@ def stack_distances(block, size, req_start, prefix_aware):
     block = np.ascontiguousarray(block, dtype=np.int64)
     size = np.ascontiguousarray(size, dtype=np.int64)
     req_start = np.ascontiguousarray(req_start, dtype=np.int64)
-    n = block.shape[0]
-    state = StackState(size.shape[0])
-    dist = np.empty(n, dtype=np.int64)
-    dist_blocks = np.empty(n, dtype=np.int64)
-    prev_request = np.empty(n, dtype=np.int64)
-    if req_start.shape[0] > 1:
-        stack_distances_chunk(
-            block, size, req_start, 0, bool(prefix_aware),
-            state.tree, state.slot_block, state.last_slot, state.last_request, state.scalars,
-            dist, dist_blocks, prev_request,
-        )
-    return dist, dist_blocks, prev_request
+    dist, prev = _run(block, size, req_start, prefix_aware, True)
+    dist_blocks, _ = _run(block, np.ones_like(size), req_start, prefix_aware, False)
+    return dist, dist_blocks, prev
 
 
 @njit(**NJIT)

@@ -1,0 +1,517 @@
+"""Capacity-hit curves (kvtrace.curves, DESIGN §3) vs a brute-force twin.
+
+``naive.curve_metrics`` replays the trace through an explicit OrderedDict byte-LRU
+(``naive.lru_simulate``) at one capacity and computes every column of the curve table
+from the hits; ``naive.curve_trace`` rebuilds the access table from the request rows
+(DESIGN §1) without kvtrace code. Traces are random canonical request tables fed to
+``requests_to_trace``: hashes with repeats across and inside requests, shared
+prefixes, partial last blocks (so one hash can have several sizes), one-block,
+all-cold and empty-request traces, a few tenants, non-monotonic timestamps.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from polars.testing import assert_frame_equal
+
+import naive
+
+from kvtrace.curves import KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, VALUE_COLUMNS, compute_curve
+from kvtrace.errors import UsageError
+from kvtrace.ingest.canonical import requests_to_trace
+from kvtrace.model import resolve_gpu, resolve_model
+from kvtrace.trace import TraceMeta
+
+SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+FEW = settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
+EVICTIONS = pytest.mark.parametrize("eviction", ["prefix-aware", "flat"])
+REL = 1e-12
+COLUMNS = RATE_COLUMNS + VALUE_COLUMNS
+PREFIX_RATES = ("request_hit_rate", "prefix_token_hit_rate", "prefix_byte_hit_rate", "prefix_block_hit_rate",
+                "compute_saved_rate")
+
+# Bytes per token: a preset's real value, and a small odd override so that byte
+# capacities between two token counts are easy to hit.
+LLAMA8 = resolve_model("Llama-3.1-8B")
+ODD = resolve_model("Llama-3.1-8B", kv_bytes_per_token=7)
+GPU = resolve_gpu("A100", mfu=0.4, dollars_per_hour=1.75)
+BIG_HASH = 2**63 + 5  # does not fit an int64
+
+
+# --------------------------------------------------------------------------- traces
+
+
+@st.composite
+def request_rows(draw, max_requests: int = 10):
+    """Canonical request rows (dicts) and the block size in tokens."""
+    B = draw(st.sampled_from([1, 3, 4, 16]))
+    kind = draw(st.sampled_from(["random", "random", "random", "one-block", "all-cold", "empty"]))
+    n_req = draw(st.integers(1, max_requests))
+    pool = draw(st.lists(st.sampled_from([0, 1, 2, 3, 7, 11, 42, 99, BIG_HASH]), min_size=1, max_size=6,
+                         unique=True))
+    tenants = draw(st.sampled_from([[None], ["t0"], [None, "t0", "t1"], ["t0", "t1"]]))
+    fresh = iter(range(1000, 10**6))
+    chains: list[list[int]] = []
+    rows = []
+    t = 0.0
+    for i in range(n_req):
+        if kind == "one-block":
+            hashes = [pool[0]] if draw(st.integers(0, 4)) else []
+        elif kind == "all-cold":
+            hashes = [next(fresh) for _ in range(draw(st.integers(0, 4)))]
+        elif kind == "empty":
+            hashes = []
+        elif chains and draw(st.booleans()):
+            # a shared prefix of an earlier request, then some more blocks
+            base = draw(st.sampled_from(chains))
+            hashes = base[: draw(st.integers(0, len(base)))]
+            hashes += draw(st.lists(st.sampled_from(pool), max_size=3))
+        else:
+            hashes = draw(st.lists(st.sampled_from(pool), max_size=6))
+        chains.append(hashes)
+        n = len(hashes)
+        if n == 0:
+            input_tokens = 0
+        elif draw(st.integers(0, 5)):
+            input_tokens = B * (n - 1) + draw(st.integers(1, B))  # partial last block
+        else:
+            input_tokens = draw(st.integers(0, B * (n + 1)))  # inconsistent: clamped to [1, B]
+        t += draw(st.sampled_from([0.0, 0.25, 0.5, 2.0, 7.75]))
+        rows.append({
+            "request_id": i,
+            "timestamp": t,
+            "type": draw(st.sampled_from(["chat", "api", None])),
+            "tenant": draw(st.sampled_from(tenants)),
+            "input_tokens": input_tokens,
+            "output_tokens": draw(st.integers(0, 9)),
+            "block_ids": hashes,
+        })
+    if draw(st.integers(0, 3)) == 0:
+        # out-of-order timestamps: requests_to_trace sorts them stably
+        stamps = draw(st.permutations([r["timestamp"] for r in rows]))
+        for r, ts in zip(rows, stamps):
+            r["timestamp"] = ts
+    return rows, B
+
+
+def build(rows, B):
+    """(kvtrace Trace, naive CurveTrace, original row index of each trace-order request)."""
+    df = pl.DataFrame(rows, schema={
+        "request_id": pl.Int64, "timestamp": pl.Float64, "type": pl.String, "tenant": pl.String,
+        "input_tokens": pl.Int64, "output_tokens": pl.Int64, "block_ids": pl.List(pl.UInt64)})
+    trace = requests_to_trace(df, TraceMeta(block_tokens=B, source_format="canonical"))
+    twin_trace, order = naive.curve_trace(rows, B)
+    # The access table is an input of compute_curve: check it first, so a mismatch
+    # below points at the curve, not at ingest.
+    assert trace.accesses.tokens.tolist() == twin_trace.tokens
+    assert trace.accesses.pos.tolist() == twin_trace.pos
+    assert trace.accesses.req_start.tolist() == twin_trace.req_start
+    assert sorted(trace.block_size.tolist()) == sorted(twin_trace.size)
+    return trace, twin_trace, order
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def assert_close(got, want, what: str) -> None:
+    """None (the table's missing value) <-> NaN; otherwise relative 1e-12."""
+    if want is None or (isinstance(want, float) and math.isnan(want)):
+        assert got is None or math.isnan(got), f"{what}: got {got}, want missing"
+        return
+    assert got is not None, f"{what}: got missing, want {want}"
+    assert math.isclose(got, want, rel_tol=REL, abs_tol=1e-300), f"{what}: got {got!r}, want {want!r}"
+
+
+def assert_row(row: dict, want: dict, what: str) -> None:
+    for col in COLUMNS:
+        assert_close(row[col], want[col], f"{what} {col}")
+    # counts come back exactly from the rates
+    if want["blocks"]:
+        assert round(row["prefix_block_hit_rate"] * want["blocks"]) == want["prefix_blocks"], what
+        assert round(row["block_hit_rate"] * want["blocks"]) == want["hit_blocks"], what
+    if want["requests"]:
+        assert round(row["request_hit_rate"] * want["requests"]) == want["hit_requests"], what
+
+
+def twin_first_request(ts: list, warmup) -> int:
+    """First measured request (trace order) for a warm-up, restated from DESIGN §2."""
+    if warmup is None:
+        return 0
+    if isinstance(warmup, float):
+        return math.floor(warmup * len(ts))
+    seconds = float(warmup.rstrip("s"))
+    return next((r for r, x in enumerate(ts) if x >= ts[0] + seconds), len(ts))
+
+
+class Twin:
+    """Memoised ``naive.curve_metrics`` for one trace, model and eviction."""
+
+    def __init__(self, tt, model, eviction, first=0, requests=None):
+        self.tt, self.model, self.first, self.requests = tt, model, first, requests
+        self.prefix_aware = eviction == "prefix-aware"
+        self.memo: dict = {}
+
+    def __call__(self, tokens=None, *, nbytes=None):
+        key = (tokens, nbytes)
+        if key not in self.memo:
+            self.memo[key] = naive.curve_metrics(self.tt, tokens, self.model, GPU, self.prefix_aware, self.first,
+                                                 capacity_bytes=nbytes, requests=self.requests)
+        return self.memo[key]
+
+
+# --------------------------------------------------------------------------- the twin itself
+
+
+def test_twin_hand_computed():
+    # B = 4. r0 [1, 2, 3(2 tokens)] at 0 s; r1 [1, 2] at 1 s; r2 empty at 2 s;
+    # r3 [1, 9(3 tokens)] at 5 s. Block 3 is also seen full-size nowhere: size 2.
+    rows = [
+        {"timestamp": 0.0, "input_tokens": 10, "block_ids": [1, 2, 3]},
+        {"timestamp": 1.0, "input_tokens": 8, "block_ids": [1, 2]},
+        {"timestamp": 2.0, "input_tokens": 0, "block_ids": []},
+        {"timestamp": 5.0, "input_tokens": 7, "block_ids": [1, 9]},
+    ]
+    tt, order = naive.curve_trace(rows, 4)
+    assert order == [0, 1, 2, 3]
+    assert tt.size == [4, 4, 2, 3] and tt.tokens == [4, 4, 2, 4, 4, 4, 3]
+    a, b = LLAMA8.flops_coefficients()
+    # 8 tokens (two blocks) of cache: r1 hits both blocks (prefix-aware touches 3, 2, 1
+    # so 1 and 2 are the most recent 8 tokens); r3 hits block 1 only.
+    m = naive.curve_metrics(tt, 8, LLAMA8, GPU, True, 0)
+    assert (m["hit_requests"], m["requests"]) == (2, 4)
+    assert (m["prefix_blocks"], m["blocks"], m["prefix_tokens"], m["tokens"]) == (3, 7, 12, 25)
+    # positions: r1 block 0 -> 0..3, block 1 -> 4..7; r3 block 0 -> 0..3
+    assert m["prefix_pos_sum"] == 6 + 22 + 6
+    assert m["compute_saved_rate"] == (a * 12 + b * 34) / (a * 25 + b * m["pos_sum"])
+    assert m["prefix_byte_hit_rate"] == 12 / 25  # block sizes 4+4+2 + 4+4 + 4+3
+    assert m["gpu_seconds_saved_per_hour"] == pytest.approx((a * 12 + b * 34) / (312e12 * 0.4) * 3600 / 5)
+    assert m["read_bandwidth_bytes_per_s"] == 12 * LLAMA8.kv_bytes_per_token / 5
+    # 7 tokens: one full block fits. Request-atomic: r0 touches 3, 2, 1 and leaves
+    # {1}, so r1 and r3 hit block 1. Flat: every block evicts its predecessor and the
+    # chain never hits (the stranded-prefix problem of DESIGN §2).
+    m = naive.curve_metrics(tt, 7, LLAMA8, GPU, True, 0)
+    assert (m["hit_requests"], m["prefix_blocks"], m["hit_blocks"]) == (2, 2, 2)
+    m = naive.curve_metrics(tt, 7, LLAMA8, GPU, False, 0)
+    assert (m["hit_requests"], m["prefix_blocks"], m["hit_blocks"]) == (0, 0, 0)
+    # warm-up: only r2, r3 measured; seconds 2 -> 5
+    m = naive.curve_metrics(tt, math.inf, LLAMA8, GPU, True, 2)
+    assert (m["requests"], m["hit_requests"], m["blocks"], m["measured_seconds"]) == (2, 1, 2, 3.0)
+
+
+# --------------------------------------------------------------------------- every capacity
+
+
+@EVICTIONS
+@SETTINGS
+@given(data=request_rows())
+def test_default_grid_matches_twin(eviction, data):
+    rows, B = data
+    trace, tt, _ = build(rows, B)
+    model = LLAMA8
+    res = compute_curve(trace, model=model, gpu=GPU, eviction=eviction)
+    bpt = model.kv_bytes_per_token
+    total = sum(tt.size)
+    caps = res.curve["capacity_tokens"].to_list()
+    # default grid: ascending, one block (or everything, if less) up to all distinct tokens
+    assert caps == sorted(set(caps))
+    assert caps[0] == max(1, min(B, total)) and caps[-1] == max(caps[0], total)
+    assert res.curve["capacity_bytes"].to_list() == [c * bpt for c in caps]
+    assert res.curve["capacity_blocks"].to_list() == [c / B for c in caps]
+    twin = Twin(tt, model, eviction)
+    for row in res.curve.iter_rows(named=True):
+        assert_row(row, twin(row["capacity_tokens"]), f"{eviction} C={row['capacity_tokens']}")
+    info = res.info
+    assert (info["measured_requests"], info["measured_accesses"]) == (len(rows), len(tt.block))
+    assert (info["distinct_blocks"], info["distinct_bytes"]) == (len(tt.size), total * bpt)
+    assert not res.approximate and f"{'prefix_token_hit_rate'}_se" not in res.curve.columns
+
+
+@EVICTIONS
+@SETTINGS
+@given(data=request_rows(), caps=st.lists(st.tuples(st.floats(0, 1.3), st.integers(0, 6)), min_size=1, max_size=6))
+def test_user_capacities_in_bytes_match_twin(eviction, data, caps):
+    rows, B = data
+    trace, tt, _ = build(rows, B)
+    model = ODD  # 7 bytes per token: offsets 1..6 fall between two token counts
+    bpt = model.kv_bytes_per_token
+    total_bytes = sum(tt.size) * bpt
+    capacities = [int(f * total_bytes) + off for f, off in caps]  # any order, repeats allowed
+    res = compute_curve(trace, model=model, gpu=GPU, eviction=eviction, capacities=capacities)
+    assert res.curve["capacity_bytes"].to_list() == capacities
+    assert res.curve["capacity_tokens"].to_list() == [c // bpt for c in capacities]
+    twin = Twin(tt, model, eviction)
+    for c, row in zip(capacities, res.curve.iter_rows(named=True)):
+        # the twin simulates in bytes: blocks of size x 7 bytes in a cache of c bytes
+        assert_row(row, twin(nbytes=c), f"{eviction} {c} B")
+
+
+# --------------------------------------------------------------------------- warm-up
+
+
+@EVICTIONS
+@SETTINGS
+@given(data=request_rows(), warmup=st.sampled_from([0.5, "2s", "7.5s", "0.25s"]))
+def test_warmup_matches_twin(eviction, data, warmup):
+    rows, B = data
+    trace, tt, _ = build(rows, B)
+    first = twin_first_request(tt.timestamp, warmup)
+    if first >= len(rows):
+        with pytest.raises(UsageError):
+            compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, warmup=warmup)
+        return
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, warmup=warmup)
+    assert res.info["first_measured_request"] == first
+    assert res.info["measured_requests"] == len(rows) - first
+    assert res.info["measured_accesses"] == len(tt.block) - tt.req_start[first]
+    assert res.info["measured_seconds"] == tt.timestamp[-1] - tt.timestamp[first]
+    twin = Twin(tt, LLAMA8, eviction, first)
+    for row in res.curve.iter_rows(named=True):
+        assert_row(row, twin(row["capacity_tokens"]), f"warm-up {warmup} C={row['capacity_tokens']}")
+
+
+def test_warmup_only_fills_the_cache():
+    # r0 fills, r1 is measured and hits everything: a cold-start curve would say 50 %.
+    rows = [{"timestamp": 0.0, "input_tokens": 8, "block_ids": [1, 2]},
+            {"timestamp": 60.0, "input_tokens": 8, "block_ids": [1, 2]}]
+    trace, tt, _ = build([{**r, "output_tokens": 0} for r in rows], 4)
+    for warmup in (0.5, "30s"):
+        res = compute_curve(trace, model=LLAMA8, gpu=GPU, warmup=warmup, capacities=[8 * LLAMA8.kv_bytes_per_token])
+        assert res.curve["prefix_token_hit_rate"].to_list() == [1.0]
+        assert res.curve["request_hit_rate"].to_list() == [1.0]
+        # one measured request: no measured time span, so no per-hour values
+        assert res.curve["gpu_seconds_saved_per_hour"].to_list() == [None]
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, capacities=[8 * LLAMA8.kv_bytes_per_token])
+    assert res.curve["prefix_token_hit_rate"].to_list() == [0.5]
+
+
+# --------------------------------------------------------------------------- groups
+
+
+@EVICTIONS
+@SETTINGS
+@given(data=request_rows(), by=st.sampled_from(["type", "tenant"]), warmup=st.sampled_from([None, 0.5]))
+def test_groups_match_twin_on_shared_cache(eviction, data, by, warmup):
+    rows, B = data
+    trace, tt, order = build(rows, B)
+    labels = [rows[i][by] for i in order]  # trace order
+    if all(x is None for x in labels):
+        with pytest.raises(Exception, match=by):
+            compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, by=by)
+        return
+    first = twin_first_request(tt.timestamp, warmup)
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, by=by, warmup=warmup)
+    names = {"(none)" if x is None else x for x in labels}
+    assert set(res.info["groups"]) == names
+    assert set(res.by_group["group"].unique().to_list()) == names
+    overall = Twin(tt, LLAMA8, eviction, first)
+    for name in names:
+        members = {r for r, x in enumerate(labels) if ("(none)" if x is None else x) == name}
+        twin = Twin(tt, LLAMA8, eviction, first, members)
+        part = res.by_group.filter(pl.col("group") == name)
+        assert part["capacity_tokens"].to_list() == res.curve["capacity_tokens"].to_list()
+        for row in part.iter_rows(named=True):
+            assert_row(row, twin(row["capacity_tokens"]), f"{by}={name} C={row['capacity_tokens']}")
+    # the overall curve is unchanged by grouping
+    for row in res.curve.iter_rows(named=True):
+        assert_row(row, overall(row["capacity_tokens"]), f"overall C={row['capacity_tokens']}")
+
+
+# --------------------------------------------------------------------------- ceiling and knees
+
+
+@EVICTIONS
+@SETTINGS
+@given(data=request_rows(), warmup=st.sampled_from([None, None, 0.5]))
+def test_ceiling_and_knees_match_twin(eviction, data, warmup):
+    rows, B = data
+    trace, tt, _ = build(rows, B)
+    first = twin_first_request(tt.timestamp, warmup)
+    bpt = LLAMA8.kv_bytes_per_token
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, warmup=warmup)
+    twin = Twin(tt, LLAMA8, eviction, first)
+    top = twin(math.inf)
+    for col in RATE_COLUMNS:
+        assert_close(res.ceiling[col], top[col], f"ceiling {col}")
+
+    # capacity_bytes of the ceiling: the smallest cache that reaches the ceiling of
+    # every rate built on usable prefixes (any-block rates: see the xfail test below)
+    need = res.ceiling["capacity_bytes"]
+    assert need % bpt == 0
+    need_tokens = int(need // bpt)
+    at = twin(need_tokens)
+    for col in PREFIX_RATES:
+        assert_close(at[col], top[col], f"rates at the ceiling's capacity, {col}")
+    if top["prefix_blocks"]:
+        assert twin(need_tokens - 1)["prefix_blocks"] < top["prefix_blocks"]
+    else:
+        assert need_tokens == 0
+
+    knees = res.knees
+    assert sorted(zip(knees["metric"], knees["fraction"])) == sorted(
+        (m, f) for m in KNEE_METRICS for f in KNEE_FRACTIONS)
+    for k in knees.iter_rows(named=True):
+        metric, f, cap = k["metric"], k["fraction"], k["capacity_tokens"]
+        ceiling = top[metric]
+        what = f"knee {metric} {f}: {cap}"
+        if math.isnan(ceiling) or ceiling == 0:
+            assert cap is None and k["capacity_bytes"] is None, what
+            continue
+        target = f * ceiling
+        assert math.isclose(k["target_rate"], target, rel_tol=REL), what
+        assert k["capacity_bytes"] == cap * bpt, what
+        slack = target * 1e-9  # float rounding of equal rates only
+        assert twin(cap)[metric] >= target - slack, what
+        assert twin(cap - 1)[metric] < target - slack, what
+
+
+@pytest.mark.xfail(strict=True, reason="curves.py: ceiling capacity_bytes is the largest warm *usable* "
+                   "distance, so a warm block behind a cold one in its request (non-chained hashes) "
+                   "is not covered; reported to the lead")
+@EVICTIONS
+def test_ceiling_capacity_reaches_any_block_rates(eviction):
+    # r1 = [9, 7]: block 7 is warm (r0 cached it) but follows a cold block, so it is an
+    # any-block hit with a cold usable prefix. Ceiling block_hit_rate 1/3 needs 4 tokens.
+    rows = [{"timestamp": 0.0, "input_tokens": 4, "output_tokens": 0, "block_ids": [7]},
+            {"timestamp": 1.0, "input_tokens": 8, "output_tokens": 0, "block_ids": [9, 7]}]
+    trace, tt, _ = build(rows, 4)
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction)
+    assert res.ceiling["block_hit_rate"] == 1 / 3
+    need_tokens = int(res.ceiling["capacity_bytes"] // LLAMA8.kv_bytes_per_token)
+    assert Twin(tt, LLAMA8, eviction)(need_tokens)["block_hit_rate"] == 1 / 3
+
+
+# --------------------------------------------------------------------------- model rescaling
+
+
+@EVICTIONS
+@FEW
+@given(data=request_rows(), fractions=st.lists(st.floats(0, 1.2), min_size=1, max_size=5))
+def test_rates_scale_with_bytes_per_token(eviction, data, fractions):
+    rows, B = data
+    trace, tt, _ = build(rows, B)
+    small = LLAMA8.with_dtype("fp8")  # same FLOPs, half the bytes per token
+    odd = ODD
+    assert len({m.kv_bytes_per_token for m in (LLAMA8, small, odd)}) == 3
+    tokens = [int(f * sum(tt.size)) for f in fractions]
+    results = [compute_curve(trace, model=m, gpu=GPU, eviction=eviction,
+                             capacities=[t * m.kv_bytes_per_token for t in tokens]) for m in (LLAMA8, small, odd)]
+    defaults = [compute_curve(trace, model=m, gpu=GPU, eviction=eviction) for m in (LLAMA8, small, odd)]
+    for runs in (results, defaults):
+        base = runs[0]
+        for m, other in zip((small, odd), runs[1:]):
+            assert other.curve["capacity_tokens"].to_list() == base.curve["capacity_tokens"].to_list()
+            assert other.curve["capacity_bytes"].to_list() == [
+                t * m.kv_bytes_per_token for t in base.curve["capacity_tokens"].to_list()]
+            assert_frame_equal(other.curve.select(RATE_COLUMNS), base.curve.select(RATE_COLUMNS))
+            # FLOPs are the model's, not its cache's: equal here (same architecture)
+            assert_frame_equal(other.curve.select("gpu_seconds_saved_per_hour", "dollars_saved_per_hour"),
+                               base.curve.select("gpu_seconds_saved_per_hour", "dollars_saved_per_hour"))
+            bw = base.curve["read_bandwidth_bytes_per_s"] * (m.kv_bytes_per_token / LLAMA8.kv_bytes_per_token)
+            for got, want in zip(other.curve["read_bandwidth_bytes_per_s"].to_list(), bw.to_list()):
+                assert_close(got, want, "read bandwidth")
+            assert other.ceiling == {**base.ceiling, "capacity_bytes": other.ceiling["capacity_bytes"]}
+            assert other.ceiling["capacity_bytes"] * LLAMA8.kv_bytes_per_token == (
+                base.ceiling["capacity_bytes"] * m.kv_bytes_per_token)
+            assert other.knees["capacity_tokens"].to_list() == base.knees["capacity_tokens"].to_list()
+    # and the rows at user capacities equal the twin (model 1's bytes)
+    twin = Twin(tt, LLAMA8, eviction)
+    for t, row in zip(tokens, results[0].curve.iter_rows(named=True)):
+        assert_row(row, twin(t), f"C={t}")
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@FEW
+@given(data=request_rows())
+def test_sample_rate_one_is_exact(data):
+    rows, B = data
+    trace, _, _ = build(rows, B)
+    exact = compute_curve(trace, model=LLAMA8, gpu=GPU)
+    full = compute_curve(trace, model=LLAMA8, gpu=GPU, sample_rate=1.0)
+    assert not full.approximate and "error_estimate" not in full.info
+    assert_frame_equal(full.curve, exact.curve)
+    assert_frame_equal(full.knees, exact.knees)
+    assert full.ceiling == exact.ceiling
+
+
+@FEW
+@given(data=request_rows())
+def test_sampled_run_is_labelled_approximate(data):
+    rows, B = data
+    trace, _, _ = build(rows, B)
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, sample_rate=0.5)
+    assert res.approximate and res.info["approximate"] and res.info["sample_rate"] == 0.5
+    assert "error_estimate" in res.info and res.info["error_estimate"]["metric"] == "prefix_token_hit_rate"
+    assert "prefix_token_hit_rate_se" in res.curve.columns
+    assert res.curve.columns[: len(COLUMNS) + 3] == [
+        "capacity_bytes", "capacity_tokens", "capacity_blocks", *COLUMNS]
+
+
+def structured_rows(seed: int = 0, n_requests: int = 2300, B: int = 16):
+    """A random but structured trace: Zipf-popular system prompts, multi-turn sessions
+    whose prompts extend the previous turn, and one-off requests (~50k accesses)."""
+    rng = np.random.default_rng(seed)
+    fresh = iter(range(1, 10**9))
+    systems = [[next(fresh) for _ in range(rng.integers(2, 24))] for _ in range(40)]
+    pop = 1.0 / np.arange(1, 41) ** 1.1
+    pop /= pop.sum()
+    sessions: list[list[int]] = []
+    rows = []
+    t = 0.0
+    for i in range(n_requests):
+        t += float(rng.exponential(0.5))
+        u = rng.random()
+        if u < 0.55 and sessions:
+            # next turn of a recent session: its previous prompt plus new blocks
+            s = int(len(sessions) - 1 - min(rng.geometric(0.05) - 1, len(sessions) - 1))
+            sessions[s] = sessions[s] + [next(fresh) for _ in range(rng.integers(1, 6))]
+            hashes = sessions[s]
+        elif u < 0.9:
+            hashes = systems[rng.choice(40, p=pop)] + [next(fresh) for _ in range(rng.integers(1, 8))]
+            sessions.append(hashes)
+        else:
+            hashes = [next(fresh) for _ in range(rng.integers(1, 30))]
+        hashes = hashes[-64:] if len(hashes) > 64 else hashes  # a context window
+        rows.append({"request_id": i, "timestamp": t, "type": None, "tenant": None,
+                     "input_tokens": B * (len(hashes) - 1) + int(rng.integers(1, B + 1)),
+                     "output_tokens": 1, "block_ids": hashes})
+    return rows, B
+
+
+@pytest.fixture(scope="module")
+def structured_trace():
+    rows, B = structured_rows()
+    df = pl.DataFrame(rows, schema={
+        "request_id": pl.Int64, "timestamp": pl.Float64, "type": pl.String, "tenant": pl.String,
+        "input_tokens": pl.Int64, "output_tokens": pl.Int64, "block_ids": pl.List(pl.UInt64)})
+    return requests_to_trace(df, TraceMeta(block_tokens=B, source_format="canonical"))
+
+
+def test_sampled_curve_is_close_to_exact(structured_trace):
+    trace = structured_trace
+    assert 45_000 <= trace.n_accesses <= 55_000
+    exact = compute_curve(trace, model=LLAMA8, gpu=GPU)
+    approx = compute_curve(trace, model=LLAMA8, gpu=GPU, sample_rate=0.5)
+    assert approx.approximate and not exact.approximate
+    assert approx.curve["capacity_tokens"].to_list() == exact.curve["capacity_tokens"].to_list()
+    head = "prefix_token_hit_rate"
+    err = np.abs(approx.curve[head].to_numpy() - exact.curve[head].to_numpy())
+    # Measured (rate 0.5, default grid of ~200 capacities, headline 0.005 -> 0.80):
+    # this trace (seed 0, 49k accesses) mean abs error 0.0022, max 0.0062; seeds 0-7
+    # of structured_rows give mean 0.0022-0.0052, max 0.0054-0.0115. The bounds sit at
+    # ~2.5x the worst seed; an unscaled or mis-scaled sample is off by 0.1+.
+    assert err.mean() <= 0.012, err.mean()
+    assert err.max() <= 0.03, err.max()
+    # the curve is not trivially flat: the check above has something to miss
+    top = exact.curve[head].to_numpy()
+    assert top[-1] - top[0] > 0.2
+    # the error estimate is of the right order (not zero, not wildly off)
+    se = approx.curve[f"{head}_se"].to_numpy()
+    assert 0 < np.nanmean(se) < 0.05
