@@ -143,9 +143,10 @@ def test_growth_and_rehash_across_chunks():
     tok = rng.integers(1, 513, size=pick.size).astype(np.int32)
 
     state = kd.DensifyState(1)
-    assert state.slot_id.shape[0] == 1 << 16 and state.block_hash.shape[0] == 1024
+    initial = state.slot_id.shape[0]
+    assert initial < m and state.block_hash.shape[0] == 1024
     ids, state = kd.densify(h, ns, tok, state=state, chunk=4096)
-    assert state.slot_id.shape[0] > 1 << 16  # rehashed
+    assert state.slot_id.shape[0] > initial  # rehashed
     assert state.block_hash.shape[0] >= state.n_blocks > 1024  # grew
     assert_matches_twin(h, ns, tok, ids, state)
     one, _ = kd.densify(h, ns, tok)  # one chunk, table sized up front
@@ -161,15 +162,18 @@ def _mix_np(h: np.ndarray, ns: int) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+TABLE = kd.DensifyState(1).slot_id.shape[0]  # initial table size the crowding below targets
+
+
 def test_long_probe_chains_stay_exact():
     # Many keys on the same home slot (and its neighbours): linear probing must
     # still compare keys exactly and never merge two of them.
     rng = np.random.default_rng(3)
     cand = rng.integers(0, 2**64, size=2_000_000, dtype=np.uint64, endpoint=False)
-    slot = _mix_np(cand, -1) & np.uint64((1 << 16) - 1)
-    counts = np.bincount(slot.astype(np.int64), minlength=1 << 16)
+    slot = _mix_np(cand, -1) & np.uint64(TABLE - 1)
+    counts = np.bincount(slot.astype(np.int64), minlength=TABLE)
     hot = np.argsort(counts)[-3:]  # the three most crowded slots
-    keys = cand[np.isin(slot, hot.astype(np.uint64))]
+    keys = cand[np.isin(slot, hot.astype(np.uint64))][: TABLE // 16]  # stay below the load limit
     assert keys.size >= 60
     seq = np.concatenate([keys, keys[::-1], keys[::3]])
     h = np.concatenate([seq, seq])
@@ -177,7 +181,7 @@ def test_long_probe_chains_stay_exact():
     tok = rng.integers(1, 513, size=h.size).astype(np.int32)
     state = kd.DensifyState(1)
     ids, state = kd.densify(h, ns, tok, state=state)
-    assert state.slot_id.shape[0] == 1 << 16  # the crowding above was computed for this size
+    assert state.slot_id.shape[0] == TABLE  # the crowding above was computed for this size
     assert state.n_blocks == 2 * keys.size
     assert_matches_twin(h, ns, tok, ids, state)
 
@@ -186,13 +190,36 @@ def test_same_hash_other_namespace_on_the_same_slot():
     # (h, -1) and (h, 0) whose home slots coincide: only the namespace tells them apart.
     rng = np.random.default_rng(11)
     cand = rng.integers(0, 2**64, size=2_000_000, dtype=np.uint64, endpoint=False)
-    mask = np.uint64((1 << 16) - 1)
+    mask = np.uint64(TABLE - 1)
     same = cand[(_mix_np(cand, -1) & mask) == (_mix_np(cand, 0) & mask)]
     assert same.size >= 5
     h = np.repeat(same, 3)
     ns = np.tile(np.array([-1, 0, -1], dtype=np.int32), same.size)
     tok = np.tile(np.array([4, 9, 2], dtype=np.int32), same.size)
     ids, state = kd.densify(h, ns, tok, state=kd.DensifyState(1))
-    assert state.slot_id.shape[0] == 1 << 16
+    assert state.slot_id.shape[0] == TABLE
     assert ids.tolist() == [i for k in range(same.size) for i in (2 * k, 2 * k + 1, 2 * k)]
     assert_matches_twin(h, ns, tok, ids, state)
+
+
+def test_direct_path_for_small_counters_and_streaming_after_it():
+    """Small non-negative hashes take the direct-indexed path; a later chunk continues
+    through the hash table built from its state. Both equal the dict twin."""
+    rng = np.random.default_rng(11)
+    h = rng.integers(0, 5_000, size=20_000).astype(np.uint64)
+    ns = np.full(h.size, -1, dtype=np.int32)
+    tok = rng.integers(1, 513, size=h.size).astype(np.int32)
+    ids, state = kd.densify(h, ns, tok)
+    assert state.slot_id is None  # direct path: no table built
+    assert_matches_twin(h, ns, tok, ids, state)
+    h2 = np.concatenate([h[:3000], rng.integers(0, 2**64, size=3000, dtype=np.uint64)])
+    ns2 = np.full(h2.size, -1, dtype=np.int32)
+    tok2 = rng.integers(1, 513, size=h2.size).astype(np.int32)
+    ids2, state = kd.densify(h2, ns2, tok2, state=state)
+    all_h, all_ns, all_tok = np.concatenate([h, h2]), np.concatenate([ns, ns2]), np.concatenate([tok, tok2])
+    assert_matches_twin(all_h, all_ns, all_tok, np.concatenate([ids, ids2]), state)
+    big = h.copy()
+    big[0] = np.uint64(2**63)  # too large to index directly: the hash-table path
+    ids3, state3 = kd.densify(big, ns, tok)
+    assert state3.slot_id is not None
+    assert_matches_twin(big, ns, tok, ids3, state3)

@@ -392,24 +392,21 @@ def curve(
 
     t0 = time.perf_counter()
     dist = None
+    display_caps = None
+    if caps is None:
+        display_caps = _round_capacities(trace.meta.block_tokens * m.kv_bytes_per_token,
+                                         int(trace.block_size.sum()) * m.kv_bytes_per_token) or None
     with _progress() as prog:
         task = prog.add_task("reuse distances", total=max(trace.n_accesses, 1))
-        cb = lambda done, total: prog.update(task, completed=done)  # noqa: E731
+        cb = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
         if distances_out is not None:
             dist = reuse_distances(trace, eviction.value, details=True, progress=cb)
         result = compute_curve(
-            trace, model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points, warmup=warmup,
-            by=by.value if by else None, sample_rate=sample_rate, distances=dist, progress=cb,
+            trace, model=m, gpu=g, eviction=eviction.value, capacities=caps, display_capacities=display_caps,
+            points=points, warmup=warmup, by=by.value if by else None, sample_rate=sample_rate, distances=dist,
+            progress=cb,
         )
-        if caps is None:
-            display_caps = _round_capacities(trace.meta.block_tokens * m.kv_bytes_per_token,
-                                             result.info["distinct_bytes"])
-            display = compute_curve(
-                trace, model=m, gpu=g, eviction=eviction.value, capacities=display_caps or None, warmup=warmup,
-                sample_rate=sample_rate, distances=dist if dist is not None else None,
-            ).curve if display_caps else result.curve
-        else:
-            display = result.curve
+    display = result.display if result.display is not None else result.curve
     elapsed = time.perf_counter() - t0
 
     meta = {"info": result.info, "ceiling": result.ceiling, "knees": result.knees.to_dicts()}

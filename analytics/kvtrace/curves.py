@@ -40,7 +40,7 @@ import polars as pl
 
 from .distances import Distances, _distances_of, normalise_eviction
 from .errors import KvtraceError, UsageError
-from .kernels.hitcurve import binned_hits, keys_in_range
+from .kernels.hitcurve import binned_hits, keys_in_bins
 from .kernels.stackdist import COLD
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .trace import Trace
@@ -225,34 +225,32 @@ def _scaled_grid(grid: np.ndarray, rate: float) -> np.ndarray:
     return np.floor(grid.astype(np.float64) * rate).astype(np.int64)
 
 
-def _hits(keys, first, s: _Stream, block_tokens, group, n_groups, grid):
-    """Cumulative hit sums [n_groups, G, 4] at each grid capacity, and totals [n_groups, 4]."""
-    h = binned_hits(keys, first, s.tokens, s.pos, s.block, s.size, block_tokens, group, n_groups, grid)
-    total = h.sum(axis=1)
-    return np.cumsum(h, axis=1)[:, :-1, :], total
+def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray]:
+    """Usable-prefix key of each measured request's first block, and which requests count.
 
-
-def _request_hits(d: Distances, s: _Stream, first_req: int, req_group, n_groups, grid):
-    """Request-level hit counts [n_groups, G] and totals [n_groups]."""
+    Exact: every measured request counts (an empty one never hits). Sampled: a request
+    is in the sample iff its first block is.
+    """
     rs = s.req_start
     nonempty = rs[1:] > rs[:-1]
-    r_idx = np.arange(rs.shape[0] - 1)
-    measured = r_idx >= first_req
-    if s.rate >= 1.0:
-        members = measured  # every measured request, empty ones included (they cannot hit)
-    else:
-        members = measured & nonempty  # a request is in the sample iff its first block is
-        first_pos = np.zeros(rs.shape[0] - 1, dtype=np.int64)
+    members = np.arange(rs.shape[0] - 1) >= first_req
+    if s.rate < 1.0:
+        first_pos = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
         first_pos[nonempty] = s.pos[rs[:-1][nonempty]]
         members &= first_pos == 0
     keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
     keys[nonempty] = d.usable[rs[:-1][nonempty]]
-    g = req_group if req_group is not None else np.zeros(rs.shape[0] - 1, dtype=np.int32)
+    return keys, members
+
+
+def _request_hist(keys, members, req_group, n_groups, grid) -> np.ndarray:
+    """Requests per bin, float64[n_groups, G + 2] (bin G: above the grid, G + 1: cold)."""
     G = grid.shape[0]
-    idx = np.searchsorted(grid, keys[members], side="left")
-    flat = np.bincount(g[members].astype(np.int64) * (G + 1) + idx, minlength=n_groups * (G + 1))
-    hist = flat.reshape(n_groups, G + 1).astype(np.float64)
-    return np.cumsum(hist, axis=1)[:, :-1], hist.sum(axis=1)
+    k = keys[members]
+    idx = np.where(k == COLD, G + 1, np.searchsorted(grid, k, side="left"))
+    g = (req_group[members] if req_group is not None else np.zeros(k.shape[0], dtype=np.int32)).astype(np.int64)
+    flat = np.bincount(g * (G + 2) + idx, minlength=n_groups * (G + 2))
+    return flat.reshape(n_groups, G + 2).astype(np.float64)
 
 
 def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, a, b):
@@ -276,6 +274,46 @@ def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, a, b):
     }, flops_hit
 
 
+@dataclass
+class _Evaluation:
+    """Hit sums on the evaluation grid, overall and per group."""
+
+    rates: dict  # name -> float64[n_groups (+1: the whole trace, when grouped), G]
+    flops_hit: np.ndarray  # [n_rows, G]
+    prefix_bytes_hit: np.ndarray  # [n_rows, G] block tokens of usable-prefix hits
+    ceiling: dict  # name -> float (overall)
+    prefix_hist: np.ndarray  # [G + 2, 4] overall usable-prefix histogram
+    request_keys: np.ndarray
+    request_members: np.ndarray
+
+
+def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b) -> _Evaluation:
+    first = int(s.req_start[first_req])
+    kgrid = _scaled_grid(grid, s.rate)
+    G = kgrid.shape[0]
+    group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
+    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid)
+    rkeys, rmembers = _request_keys(d, s, first_req)
+    rh = _request_hist(rkeys, rmembers, req_group, n_groups, kgrid)
+    any_h, pre_h = h[0], h[1]
+    if n_groups > 1:  # the last row is the whole trace
+        any_h = np.concatenate([any_h, any_h.sum(axis=0, keepdims=True)])
+        pre_h = np.concatenate([pre_h, pre_h.sum(axis=0, keepdims=True)])
+        rh = np.concatenate([rh, rh.sum(axis=0, keepdims=True)])
+    cum_any = np.cumsum(any_h[:, :G, :], axis=1)
+    cum_pre = np.cumsum(pre_h[:, :G, :], axis=1)
+    cum_req = np.cumsum(rh[:, :G], axis=1)
+    any_tot, pre_tot, req_tot = any_h.sum(axis=1), pre_h.sum(axis=1), rh.sum(axis=1)
+    rates, flops_hit = _rates(cum_any, any_tot[:, None, :], cum_pre, pre_tot[:, None, :],
+                              cum_req, req_tot[:, None], a, b)
+    # ceiling: every finite key hits (bins 0..G)
+    all_any, all_pre, all_req = any_h[-1], pre_h[-1], rh[-1]
+    crates, _ = _rates(all_any[: G + 1].sum(axis=0), all_any.sum(axis=0), all_pre[: G + 1].sum(axis=0),
+                       all_pre.sum(axis=0), all_req[: G + 1].sum(), all_req.sum(), a, b)
+    return _Evaluation(rates, flops_hit, cum_pre[..., 2], {k: float(v) for k, v in crates.items()},
+                       all_pre, rkeys, rmembers)
+
+
 def compute_curve(
     trace: Trace,
     *,
@@ -283,6 +321,7 @@ def compute_curve(
     gpu: GpuSpec | str | None = None,
     eviction: str = "prefix-aware",
     capacities: list[int] | None = None,
+    display_capacities: list[int] | None = None,
     points: int = 200,
     warmup: str | float | None = None,
     by: str | None = None,
@@ -304,6 +343,9 @@ def compute_curve(
     capacities : list of int, optional
         Capacities in bytes; default ~``points`` log-spaced ones from one block to all
         distinct bytes.
+    display_capacities : list of int, optional
+        More capacities (bytes) evaluated in the same pass and returned as
+        ``result.display`` (e.g. round numbers for a terminal table).
     warmup : str or float, optional
         Fraction of requests (``0.1``, ``10%``) or a duration (``10min``) that only fills
         the cache.
@@ -333,12 +375,15 @@ def compute_curve(
         raise UsageError(f"a sample rate must be in (0, 1], got {sample_rate}", field="sample-rate")
 
     base_grid = default_grid(total_tokens, B, points)
-    if capacities:
-        user_tokens = np.array([int(c) // bpt for c in capacities], dtype=np.int64)
-        grid = np.unique(np.concatenate([base_grid, user_tokens]))
-    else:
-        user_tokens = None
-        grid = base_grid
+    user_tokens = None if not capacities else np.array([int(c) // bpt for c in capacities], dtype=np.int64)
+    disp_tokens = None if not display_capacities else np.array([int(c) // bpt for c in display_capacities],
+                                                               dtype=np.int64)
+    parts = [base_grid if user_tokens is None else user_tokens]
+    if user_tokens is not None:
+        parts.append(base_grid)  # the knees are searched on the default grid too
+    if disp_tokens is not None:
+        parts.append(disp_tokens)
+    grid = np.unique(np.concatenate(parts))
 
     req_group = None
     names = ["all"]
@@ -358,40 +403,33 @@ def compute_curve(
     else:
         d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
 
-    res = _evaluate(d, stream, first_req, B, req_group, len(names), grid, a_coef, b_coef)
+    ev_all = _evaluate(d, stream, first_req, B, req_group, len(names), grid, a_coef, b_coef)
     seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
     hours = seconds / 3600.0
+    nan = np.full(grid.shape, np.nan)
 
-    def table(rates, flops_hit, pre_hits, g_index):
-        cap_tokens = grid
-        out = {
-            "capacity_bytes": cap_tokens * bpt,
-            "capacity_tokens": cap_tokens,
-            "capacity_blocks": cap_tokens / B,
-        }
+    def table(gi: int) -> pl.DataFrame:
+        out = {"capacity_bytes": grid * bpt, "capacity_tokens": grid, "capacity_blocks": grid / B}
         for k in RATE_COLUMNS:
-            out[k] = rates[k][g_index]
-        gpu_s = gpu.gpu_seconds(flops_hit[g_index]) / rate
-        out["gpu_seconds_saved_per_hour"] = gpu_s / hours if hours > 0 else np.full(grid.shape, np.nan)
-        out["dollars_saved_per_hour"] = (gpu.dollars(flops_hit[g_index]) / rate / hours
-                                         if hours > 0 else np.full(grid.shape, np.nan))
-        out["read_bandwidth_bytes_per_s"] = (pre_hits[g_index, :, 2] * bpt / rate / seconds
-                                             if seconds > 0 else np.full(grid.shape, np.nan))
+            out[k] = ev_all.rates[k][gi]
+        flops = ev_all.flops_hit[gi] / rate
+        out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops) / hours if hours > 0 else nan
+        out["dollars_saved_per_hour"] = gpu.dollars(flops) / hours if hours > 0 else nan
+        out["read_bandwidth_bytes_per_s"] = (ev_all.prefix_bytes_hit[gi] * bpt / rate / seconds
+                                             if seconds > 0 else nan)
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
-    if user_tokens is not None:
-        rows = np.searchsorted(grid, user_tokens)
-    else:
-        rows = np.arange(grid.shape[0])
-
-    def select(df: pl.DataFrame) -> pl.DataFrame:
-        df = df[rows]
-        if user_tokens is not None:
-            df = df.with_columns(pl.Series("capacity_bytes", np.asarray(capacities, dtype=np.int64)))
+    def select(df: pl.DataFrame, wanted_tokens, wanted_bytes) -> pl.DataFrame:
+        df = df[np.searchsorted(grid, wanted_tokens)]
+        if wanted_bytes is not None:
+            df = df.with_columns(pl.Series("capacity_bytes", np.asarray(wanted_bytes, dtype=np.int64)))
         return df
 
-    overall_rates, overall_flops, overall_pre, overall_ceiling = res["overall"]
-    curve = select(table(overall_rates, overall_flops, overall_pre, 0))
+    main_tokens = base_grid if user_tokens is None else user_tokens
+    main_bytes = None if user_tokens is None else capacities
+    overall = table(len(names) if by is not None else 0)
+    curve = select(overall, main_tokens, main_bytes)
+    display = select(overall, disp_tokens, display_capacities) if disp_tokens is not None else None
 
     info: dict = {
         "model": model.name,
@@ -413,29 +451,34 @@ def compute_curve(
     }
     if rate < 1.0:
         se = _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a_coef, b_coef)
-        curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[rows]))
+        sel = np.searchsorted(grid, main_tokens)
+        curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[sel]))
+        if display is not None:
+            display = display.with_columns(pl.Series(f"{HEADLINE}_se", se[np.searchsorted(grid, disp_tokens)]))
         info["sampled_accesses"] = int(stream.block.shape[0])
         info["error_estimate"] = {
             "metric": HEADLINE,
-            "mean_standard_error": float(np.nanmean(se[rows])) if rows.size else None,
-            "max_standard_error": float(np.nanmax(se[rows])) if rows.size else None,
+            "mean_standard_error": _nan_none(np.nanmean(se[sel])) if sel.size else None,
+            "max_standard_error": _nan_none(np.nanmax(se[sel])) if sel.size else None,
             "method": f"spread of {SUBSAMPLES} hash-disjoint sub-samples (random-groups estimator)",
         }
 
     by_group = None
     if by is not None:
-        g_rates, g_flops, g_pre, _ = res["groups"]
-        parts = []
-        for gi, name in enumerate(names):
-            parts.append(select(table(g_rates, g_flops, g_pre, gi)).insert_column(0, pl.lit(name).alias("group")))
+        parts = [select(table(gi), main_tokens, main_bytes).insert_column(0, pl.lit(name).alias("group"))
+                 for gi, name in enumerate(names)]
         by_group = pl.concat(parts)
         info["by"] = by
         info["groups"] = names
 
-    ceiling = {k: _nan_none(overall_ceiling["rates"][k]) for k in RATE_COLUMNS}
-    ceiling["capacity_bytes"] = overall_ceiling["max_key"] / rate * bpt if overall_ceiling["max_key"] >= 0 else 0
-    knees = _knees(d, stream, first_req, B, base_grid, a_coef, b_coef, res, bpt, rate)
-    return CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
+    ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
+    finite = d.usable[int(stream.req_start[first_req]):]
+    finite = finite[finite != COLD]
+    ceiling["capacity_bytes"] = int(math.ceil(int(finite.max()) / rate)) * bpt if finite.size else 0
+    knees = _knees(d, stream, first_req, B, grid, a_coef, b_coef, ev_all, bpt, rate)
+    result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
+    result.display = display
+    return result
 
 
 def _nan_none(x):
@@ -443,97 +486,53 @@ def _nan_none(x):
     return None if math.isnan(x) else x
 
 
-def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b):
-    """Rates at grid capacities overall (and per group), plus ceilings."""
-    first = int(s.req_start[first_req])
-    kgrid = _scaled_grid(grid, s.rate)
-    out = {}
-    group_acc = req_group[s.request].astype(np.int32) if req_group is not None else None
-    targets = [("overall", None, 1)]
-    if req_group is not None:
-        targets.append(("groups", group_acc, n_groups))
-    for name, gacc, ng in targets:
-        empty = np.empty(0, dtype=np.int32)
-        any_hits, any_tot = _hits(d.dist, first, s, B, gacc if gacc is not None else empty, ng, kgrid)
-        pre_hits, pre_tot = _hits(d.usable, first, s, B, gacc if gacc is not None else empty, ng, kgrid)
-        req_hits, req_tot = _request_hits(d, s, first_req, req_group if gacc is not None else None, ng, kgrid)
-        rates, flops_hit = _rates(any_hits, any_tot[:, None, :], pre_hits, pre_tot[:, None, :],
-                                  req_hits, req_tot[:, None], a, b)
-        ceiling = None
-        if name == "overall":
-            inf = np.array([COLD - 1], dtype=np.int64)
-            ah, at = _hits(d.dist, first, s, B, empty, 1, inf)
-            ph, pt = _hits(d.usable, first, s, B, empty, 1, inf)
-            rh, rt = _request_hits(d, s, first_req, None, 1, inf)
-            crates, _ = _rates(ah, at[:, None, :], ph, pt[:, None, :], rh, rt[:, None], a, b)
-            warm = d.usable[first:]
-            warm = warm[warm != COLD]
-            ceiling = {
-                "rates": {k: v[0, 0] for k, v in crates.items()},
-                "max_key": int(warm.max()) if warm.size else -1,
-                "totals": (at[0], pt[0], rt[0]),
-            }
-        out[name] = (rates, flops_hit, pre_hits, ceiling)
-    return out
-
-
-def _knees(d, s, first_req, B, grid, a, b, res, bpt, rate) -> pl.DataFrame:
+def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl.DataFrame:
     """Exact smallest capacity reaching each fraction of the ceiling, per knee metric."""
     first = int(s.req_start[first_req])
     kgrid = _scaled_grid(grid, rate)
-    ceiling = res["overall"][3]
-    any_tot, pre_tot, req_tot = ceiling["totals"]
-    rows = []
-    for metric in KNEE_METRICS:
-        if metric == "request_hit_rate":
-            rs = s.req_start
-            nonempty = rs[1:] > rs[:-1]
-            r_idx = np.arange(rs.shape[0] - 1)
-            mask = nonempty & (r_idx >= first_req)
-            if rate < 1.0:
-                fp = np.zeros_like(mask)
-                fp[nonempty] = s.pos[rs[:-1][nonempty]] == 0
-                mask &= fp
-            keys = d.usable[rs[:-1][mask]]
-            keys = np.sort(keys[keys != COLD])
-            weights = np.ones(keys.shape[0])
-            ceiling_w = float(keys.shape[0])
-            cum = np.cumsum(weights)
-            finder = lambda target: int(keys[np.searchsorted(cum, target - 1e-9)])  # noqa: E731
-        else:
-            weight = 1 if metric == "prefix_token_hit_rate" else 3
-            h = binned_hits(d.usable, first, s.tokens, s.pos, s.block, s.size, B, np.empty(0, np.int32), 1, kgrid)
-            w_bins = h[0, :, 1] if weight == 1 else a * h[0, :, 1] + b * h[0, :, 3]
-            # weight beyond the grid but not cold (grid's top can be below a scaled distance)
-            cum_grid = np.cumsum(w_bins[:-1])
-            ph = pre_tot  # totals over every measured access
-            ceiling_hits, _ = _hits(d.usable, first, s, B, np.empty(0, np.int32), 1,
-                                    np.array([COLD - 1], dtype=np.int64))
-            cw = ceiling_hits[0, 0]
-            ceiling_w = float(cw[1] if weight == 1 else a * cw[1] + b * cw[3])
-            del ph
-
-            def finder(target, cum_grid=cum_grid, weight=weight):
-                j = int(np.searchsorted(cum_grid, target - 1e-9 * max(1.0, target)))
-                lo_key = int(kgrid[j - 1]) if j > 0 else -1
-                hi_key = int(kgrid[j]) if j < kgrid.shape[0] else COLD - 1
-                before = float(cum_grid[j - 1]) if j > 0 else 0.0
-                ks, ws = keys_in_range(d.usable, first, s.tokens, s.pos, s.block, s.size, B,
-                                       lo_key, hi_key, a, b, weight)
-                order = np.argsort(ks, kind="stable")
-                ks, ws = ks[order], ws[order]
-                c = before + np.cumsum(ws)
-                i = int(np.searchsorted(c, target - 1e-9 * max(1.0, target)))
-                return int(ks[min(i, ks.shape[0] - 1)])
-
-        ceiling_rate = res["overall"][3]["rates"][metric]
+    G = kgrid.shape[0]
+    hist = ev_all.prefix_hist  # [G + 2, 4]
+    weights = {"prefix_token_hit_rate": hist[:, 1], "compute_saved_rate": a * hist[:, 1] + b * hist[:, 3]}
+    targets = {}
+    wanted = np.zeros(G + 2, dtype=np.bool_)
+    for metric, w in weights.items():
+        cw = np.cumsum(w[: G + 1])
+        ceiling_w = float(cw[-1]) if cw.size else 0.0
         for f in KNEE_FRACTIONS:
             if ceiling_w <= 0:
-                rows.append((metric, f, 0.0, None, None))
                 continue
-            key = finder(f * ceiling_w)
-            cap_tokens = key / rate if rate < 1.0 else key
-            rows.append((metric, f, float(f * ceiling_rate), int(round(cap_tokens * bpt)), int(round(cap_tokens))))
+            target = f * ceiling_w
+            j = int(np.searchsorted(cw, target * (1 - 1e-12), side="left"))
+            j = min(j, G)
+            wanted[j] = True
+            targets[(metric, f)] = (target, j, float(cw[j - 1]) if j > 0 else 0.0)
+    ks, bins, tok, q = keys_in_bins(d.usable, first, s.tokens, s.pos, B, kgrid, wanted)
+    order = np.lexsort((ks, bins))
+    ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]
+    rows = []
+    for metric in KNEE_METRICS:
+        ceiling_rate = ev_all.ceiling[metric]
+        for f in KNEE_FRACTIONS:
+            if metric == "request_hit_rate":
+                rk = ev_all.request_keys[ev_all.request_members]
+                rk = np.sort(rk[rk != COLD])
+                if rk.size == 0:
+                    rows.append((metric, f, 0.0, None, None))
+                    continue
+                i = int(math.ceil(f * rk.size - 1e-9)) - 1
+                key = int(rk[max(i, 0)])
+            else:
+                if (metric, f) not in targets:
+                    rows.append((metric, f, 0.0, None, None))
+                    continue
+                target, j, before = targets[(metric, f)]
+                lo, hi = np.searchsorted(bins, j, side="left"), np.searchsorted(bins, j, side="right")
+                w = tok[lo:hi] if metric == "prefix_token_hit_rate" else a * tok[lo:hi] + b * q[lo:hi]
+                c = before + np.cumsum(w)
+                i = int(np.searchsorted(c, target * (1 - 1e-12), side="left"))
+                key = int(ks[lo + min(i, hi - lo - 1)])
+            cap_tokens = int(math.ceil(key / rate)) if rate < 1.0 else key
+            rows.append((metric, f, float(f * ceiling_rate), cap_tokens * bpt, cap_tokens))
     return pl.DataFrame(
         rows, schema={"metric": pl.String, "fraction": pl.Float64, "target_rate": pl.Float64,
                       "capacity_bytes": pl.Int64, "capacity_tokens": pl.Int64}, orient="row",
@@ -550,10 +549,8 @@ def _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a, b) -> np.
         if s.block.shape[0] == 0:
             continue
         d = _distances_of(s.block, s.size, s.req_start, ev)
-        first = int(s.req_start[first_req])
-        hits, tot = _hits(d.usable, first, s, B, np.empty(0, np.int32), 1, _scaled_grid(grid, s.rate))
-        with np.errstate(invalid="ignore", divide="ignore"):
-            curves.append(hits[0, :, 1] / tot[0, 1])
+        e = _evaluate(d, s, first_req, B, None, 1, grid, a, b)
+        curves.append(e.rates[HEADLINE][0])
     if len(curves) < 2:
         return np.full(grid.shape[0], np.nan)
     c = np.vstack(curves)

@@ -14,6 +14,7 @@ import polars as pl
 
 from ..errors import KvtraceError
 from ..kernels.densify import densify
+from ..kernels.layout import request_and_pos
 from ..outputs import atomic_path
 from ..trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
 
@@ -120,8 +121,7 @@ def requests_to_trace(
     req_start = np.zeros(df.height + 1, dtype=np.int64)
     np.cumsum(lengths, out=req_start[1:])
     n = int(req_start[-1])
-    request = np.repeat(np.arange(df.height, dtype=np.int64), lengths)
-    pos = (np.arange(n, dtype=np.int64) - np.repeat(req_start[:-1], lengths)).astype(np.int32)
+    request, pos = request_and_pos(req_start)
     tokens = np.full(n, B, dtype=np.int32)
     has = lengths > 0
     last_idx = req_start[1:][has] - 1

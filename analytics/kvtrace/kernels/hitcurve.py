@@ -3,9 +3,11 @@
 Access ``t`` hits a cache of ``grid[k]`` tokens iff ``key[t] <= grid[k]``. The kernel
 bins each access at the first grid capacity that holds it (binary search) and
 accumulates its weights there; a cumulative sum over the bins then gives, exactly, the
-hit sums at every grid capacity. Keys equal to COLD (int64 max) never hit.
+hit sums at every grid capacity. Bin ``G`` holds accesses with a finite key above the
+grid, bin ``G + 1`` cold ones (key COLD = int64 max), so the infinite-capacity ceiling
+is the sum of bins ``0..G``.
 
-Weights per access (columns of the result): 0 = accesses, 1 = tokens of the access,
+Weights per access (last axis of the result): 0 = accesses, 1 = tokens of the access,
 2 = tokens the block occupies (its cache size), 3 = the position-token sum
 ``q = k*s + k*(k-1)/2`` of its ``k`` tokens starting at prompt position ``s`` (prefill
 FLOPs of the block = a*k + b*q for a model's coefficients a, b).
@@ -19,28 +21,36 @@ from numba import njit
 from ..config import NJIT
 
 N_WEIGHTS = 4
+COLD = np.iinfo(np.int64).max
 
 
 @njit(**NJIT)
-def _weights(t, tokens, pos, block, size, block_tokens, out):
-    k = np.float64(tokens[t])
-    s = np.float64(pos[t]) * block_tokens
-    out[0] = 1.0
-    out[1] = k
-    out[2] = np.float64(size[block[t]])
-    out[3] = k * s + k * (k - 1.0) * 0.5
+def _bin(grid, key):
+    """Index of the first grid capacity >= key (G if none, G+1 if cold)."""
+    G = grid.shape[0]
+    if key == COLD:
+        return G + 1
+    lo = 0
+    hi = G
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if grid[mid] < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 @njit(**NJIT)
-def binned_hits(keys, first, tokens, pos, block, size, block_tokens, group, n_groups, grid):
-    """Per-bin weight sums for accesses ``first..N-1``.
+def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, n_groups, grid):
+    """Per-bin weight sums for accesses ``first..N-1``, for two keys in one pass.
 
     Parameters
     ----------
-    keys : int64[N]
-        Distance per access in tokens (COLD = never hits).
+    keys_any, keys_prefix : int64[N]
+        Distances in tokens (any-block and usable-prefix; COLD never hits).
     first : int
-        First counted access (accesses before it only warmed the cache).
+        First measured access (earlier ones only warmed the cache).
     group : int32[N] or empty
         Group index per access (empty = one group).
     grid : int64[G]
@@ -48,49 +58,56 @@ def binned_hits(keys, first, tokens, pos, block, size, block_tokens, group, n_gr
 
     Returns
     -------
-    float64[n_groups, G + 1, N_WEIGHTS]
-        Bin G collects accesses that hit at no grid capacity (incl. cold ones); the
-        cumulative sum over axis 1 gives hit sums at each grid capacity.
+    float64[2, n_groups, G + 2, N_WEIGHTS]
+        ``[0]`` for ``keys_any``, ``[1]`` for ``keys_prefix``.
     """
     G = grid.shape[0]
-    out = np.zeros((n_groups, G + 1, N_WEIGHTS), dtype=np.float64)
-    w = np.empty(N_WEIGHTS, dtype=np.float64)
+    out = np.zeros((2, n_groups, G + 2, N_WEIGHTS), dtype=np.float64)
     grouped = group.shape[0] > 0
-    for t in range(first, keys.shape[0]):
-        key = keys[t]
-        lo = 0
-        hi = G
-        while lo < hi:  # first grid index with grid >= key
-            mid = (lo + hi) >> 1
-            if grid[mid] < key:
-                lo = mid + 1
-            else:
-                hi = mid
+    bt = np.float64(block_tokens)
+    for t in range(first, keys_any.shape[0]):
         g = group[t] if grouped else 0
-        _weights(t, tokens, pos, block, size, block_tokens, w)
-        for j in range(N_WEIGHTS):
-            out[g, lo, j] += w[j]
+        k = np.float64(tokens[t])
+        s = np.float64(pos[t]) * bt
+        w2 = np.float64(size[block[t]])
+        w3 = k * s + k * (k - 1.0) * 0.5
+        i = _bin(grid, keys_any[t])
+        out[0, g, i, 0] += 1.0
+        out[0, g, i, 1] += k
+        out[0, g, i, 2] += w2
+        out[0, g, i, 3] += w3
+        # the usable key is a running max: mostly equal to the any-block key
+        j = i if keys_prefix[t] == keys_any[t] else _bin(grid, keys_prefix[t])
+        out[1, g, j, 0] += 1.0
+        out[1, g, j, 1] += k
+        out[1, g, j, 2] += w2
+        out[1, g, j, 3] += w3
     return out
 
 
 @njit(**NJIT)
-def keys_in_range(keys, first, tokens, pos, block, size, block_tokens, lo_key, hi_key, a, b, weight):
-    """Keys in (lo_key, hi_key] with their weight, for refining an exact capacity.
-
-    ``weight``: 0 accesses, 1 tokens, 2 block tokens, 3 prefill FLOPs (a*k + b*q).
-    """
+def keys_in_bins(keys, first, tokens, pos, block_tokens, grid, wanted):
+    """Keys of the accesses whose bin is flagged in ``wanted`` (bool[G + 2]), with
+    their bin, tokens and position-token sum: the raw material for exact capacities
+    between two grid points."""
     n = 0
     for t in range(first, keys.shape[0]):
-        if lo_key < keys[t] <= hi_key:
+        if wanted[_bin(grid, keys[t])]:
             n += 1
     out_k = np.empty(n, dtype=np.int64)
-    out_w = np.empty(n, dtype=np.float64)
-    w = np.empty(N_WEIGHTS, dtype=np.float64)
+    out_bin = np.empty(n, dtype=np.int64)
+    out_tok = np.empty(n, dtype=np.float64)
+    out_q = np.empty(n, dtype=np.float64)
+    bt = np.float64(block_tokens)
     i = 0
     for t in range(first, keys.shape[0]):
-        if lo_key < keys[t] <= hi_key:
-            _weights(t, tokens, pos, block, size, block_tokens, w)
+        b = _bin(grid, keys[t])
+        if wanted[b]:
+            k = np.float64(tokens[t])
+            s = np.float64(pos[t]) * bt
             out_k[i] = keys[t]
-            out_w[i] = a * w[1] + b * w[3] if weight == 3 else w[weight]
+            out_bin[i] = b
+            out_tok[i] = k
+            out_q[i] = k * s + k * (k - 1.0) * 0.5
             i += 1
-    return out_k, out_w
+    return out_k, out_bin, out_tok, out_q
