@@ -8,7 +8,7 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
-from .errors import KvtraceError
+from .errors import UsageError
 from .outputs import atomic_path
 
 CURVE_METRICS = {
@@ -86,7 +86,8 @@ def save_chart(chart: alt.TopLevelMixin, path: str | os.PathLike) -> None:
     """Save a chart atomically as HTML (self-contained, works offline), PNG or SVG."""
     fmt = Path(path).suffix.lower().lstrip(".")
     if fmt not in PLOT_FORMATS:
-        raise KvtraceError(f"unsupported plot suffix '.{fmt}': expected .html, .png or .svg", path=str(path))
+        found = f"suffix '.{fmt}'" if fmt else "no suffix"
+        raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", path=str(path))
     import vl_convert as vlc
 
     spec = chart.to_json()

@@ -72,13 +72,13 @@ def handles_errors(fn: Callable) -> Callable:
         except MemoryError:
             if _state["debug"]:
                 raise
-            err_console.print("kvtrace: error: out of memory: try --sample-rate 0.01", markup=False)
+            err_console.print("kvtrace: error: out of memory: try --sample-rate 0.01", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
         except OSError as exc:
             if _state["debug"]:
                 raise
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
-            err_console.print(f"kvtrace: error: {where}{exc.strerror or exc}", markup=False)
+            err_console.print(f"kvtrace: error: {where}{exc.strerror or exc}", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
 
     return wrapper
@@ -380,7 +380,8 @@ def curve(
         if p is not None:
             table_format(p)  # fail on a bad suffix before the work, not after
     if plot is not None and plot.suffix.lower() not in (".html", ".png", ".svg"):
-        raise UsageError(f"unsupported plot suffix '{plot.suffix}': expected .html, .png or .svg", field="plot")
+        found = f"suffix '{plot.suffix}'" if plot.suffix else "no suffix"
+        raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", field="plot")
     if sample_rate is not None and not 0 < sample_rate <= 1:
         raise UsageError(f"expected a rate in (0, 1], got {sample_rate}", field="sample-rate")
     if sample_rate is not None and distances_out is not None and sample_rate < 1:

@@ -41,6 +41,7 @@ import polars as pl
 from .distances import Distances, _distances_of, normalise_eviction
 from .errors import KvtraceError, UsageError
 from .kernels.hitcurve import binned_hits, keys_in_bins
+from .kernels.shards import sample_distances
 from .kernels.stackdist import COLD
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .trace import Trace
@@ -187,7 +188,11 @@ class _Stream:
     tokens: np.ndarray
     pos: np.ndarray
     request: np.ndarray
-    rate: float = 1.0
+    scale: np.ndarray | None = None  # sampling weight per access (None: exact, all 1)
+
+    @property
+    def scale_or_empty(self) -> np.ndarray:
+        return self.scale if self.scale is not None else np.empty(0, dtype=np.float64)
 
 
 def _full_stream(trace: Trace) -> _Stream:
@@ -195,34 +200,38 @@ def _full_stream(trace: Trace) -> _Stream:
     return _Stream(a.block, trace.block_size, a.req_start, a.tokens, a.pos, a.request)
 
 
-def _block_hash_mix(trace: Trace) -> np.ndarray:
-    """A well-mixed 64-bit hash per dense block (SHARDS sampling key)."""
-    with np.errstate(over="ignore"):
-        x = trace.block_hash.astype(np.uint64) ^ (
-            (trace.block_tenant.astype(np.int64) + 1).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-        )
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+def _sampled(trace: Trace, rate: float, ev: str) -> tuple[_Stream, Distances, np.ndarray]:
+    """The evaluated accesses of a sampled run, their distance estimates and groups.
 
-
-def _sampled_stream(trace: Trace, keep_block: np.ndarray, rate: float) -> _Stream:
+    Returns the stream (gathered arrays, weights 1/R), the distances as int64 keys
+    (ceil of the estimate: hit at C iff estimate <= C), and a sub-sample index 0..7
+    per evaluated access for the error estimate.
+    """
     a = trace.accesses
-    idx = np.flatnonzero(keep_block[a.block])
-    new_id = np.cumsum(keep_block, dtype=np.int64) - 1
-    request = a.request[idx]
-    counts = np.bincount(request, minlength=trace.n_requests)
+    t_idx, dist_e, usable_e, weight, heavy, code = sample_distances(
+        a.block, trace.block_size, a.req_start, a.request, trace.block_hash, trace.block_tenant, rate,
+        ev == "prefix-aware",
+    )
+
+    def as_key(x: np.ndarray) -> np.ndarray:
+        out = np.full(x.shape[0], COLD, dtype=np.int64)
+        finite = np.isfinite(x)
+        out[finite] = np.ceil(x[finite] - 1e-9).astype(np.int64)
+        return out
+
+    request = a.request[t_idx]
     req_start = np.zeros(trace.n_requests + 1, dtype=np.int64)
-    np.cumsum(counts, out=req_start[1:])
-    return _Stream(new_id[a.block[idx]], trace.block_size[keep_block], req_start, a.tokens[idx],
-                   a.pos[idx], request, rate)
-
-
-def _scaled_grid(grid: np.ndarray, rate: float) -> np.ndarray:
-    """Capacities as seen by a stream sampled at ``rate`` (SHARDS: d/R <= C <=> d <= C*R)."""
-    if rate >= 1.0:
-        return grid
-    return np.floor(grid.astype(np.float64) * rate).astype(np.int64)
+    np.cumsum(np.bincount(request, minlength=trace.n_requests), out=req_start[1:])
+    block = a.block[t_idx]
+    stream = _Stream(block, trace.block_size, req_start, a.tokens[t_idx], a.pos[t_idx], request, weight)
+    d = Distances(ev, as_key(dist_e), as_key(usable_e))
+    # sub-samples: by block for sampled blocks, by access for heavy ones
+    c = code[block]
+    with np.errstate(over="ignore"):
+        acc_mix = (t_idx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
+        blk_mix = (c.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03)) >> np.uint64(32)
+    sub = np.where(c >= 0, blk_mix, acc_mix) & np.uint64(SUBSAMPLES - 1)
+    return stream, d, sub.astype(np.int32)
 
 
 def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray]:
@@ -234,7 +243,7 @@ def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray,
     rs = s.req_start
     nonempty = rs[1:] > rs[:-1]
     members = np.arange(rs.shape[0] - 1) >= first_req
-    if s.rate < 1.0:
+    if s.scale is not None:
         first_pos = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
         first_pos[nonempty] = s.pos[rs[:-1][nonempty]]
         members &= first_pos == 0
@@ -243,13 +252,14 @@ def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray,
     return keys, members
 
 
-def _request_hist(keys, members, req_group, n_groups, grid) -> np.ndarray:
+def _request_hist(keys, members, weights, req_group, n_groups, grid) -> np.ndarray:
     """Requests per bin, float64[n_groups, G + 2] (bin G: above the grid, G + 1: cold)."""
     G = grid.shape[0]
     k = keys[members]
     idx = np.where(k == COLD, G + 1, np.searchsorted(grid, k, side="left"))
     g = (req_group[members] if req_group is not None else np.zeros(k.shape[0], dtype=np.int32)).astype(np.int64)
-    flat = np.bincount(g * (G + 2) + idx, minlength=n_groups * (G + 2))
+    w = None if weights is None else weights[members]
+    flat = np.bincount(g * (G + 2) + idx, weights=w, minlength=n_groups * (G + 2))
     return flat.reshape(n_groups, G + 2).astype(np.float64)
 
 
@@ -285,18 +295,25 @@ class _Evaluation:
     prefix_hist: np.ndarray  # [G + 2, 4] overall usable-prefix histogram
     request_keys: np.ndarray
     request_members: np.ndarray
+    request_weights: np.ndarray | None
 
 
 def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b) -> _Evaluation:
     first = int(s.req_start[first_req])
-    kgrid = _scaled_grid(grid, s.rate)
+    kgrid = grid
     G = kgrid.shape[0]
     group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
-    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid)
+    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
+                    s.scale_or_empty)
     rkeys, rmembers = _request_keys(d, s, first_req)
-    rh = _request_hist(rkeys, rmembers, req_group, n_groups, kgrid)
+    rweights = None
+    if s.scale is not None:  # weight of each request = weight of its first (evaluated) access
+        rweights = np.zeros(rkeys.shape[0])
+        nonempty = s.req_start[1:] > s.req_start[:-1]
+        rweights[nonempty] = s.scale[s.req_start[:-1][nonempty]]
+    rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
     any_h, pre_h = h[0], h[1]
-    if n_groups > 1:  # the last row is the whole trace
+    if req_group is not None:  # the last row is the whole trace
         any_h = np.concatenate([any_h, any_h.sum(axis=0, keepdims=True)])
         pre_h = np.concatenate([pre_h, pre_h.sum(axis=0, keepdims=True)])
         rh = np.concatenate([rh, rh.sum(axis=0, keepdims=True)])
@@ -311,7 +328,7 @@ def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b) -> _Evaluatio
     crates, _ = _rates(all_any[: G + 1].sum(axis=0), all_any.sum(axis=0), all_pre[: G + 1].sum(axis=0),
                        all_pre.sum(axis=0), all_req[: G + 1].sum(), all_req.sum(), a, b)
     return _Evaluation(rates, flops_hit, cum_pre[..., 2], {k: float(v) for k, v in crates.items()},
-                       all_pre, rkeys, rmembers)
+                       all_pre, rkeys, rmembers, rweights)
 
 
 def compute_curve(
@@ -390,18 +407,17 @@ def compute_curve(
     if by is not None:
         req_group, names = group_labels(trace, by)
 
-    hash_mix = _block_hash_mix(trace) if rate < 1.0 else None
+    sub = None
     if rate < 1.0:
-        keep = (hash_mix >> np.uint64(40)) < np.uint64(int(round(rate * (1 << 24))))
-        stream = _sampled_stream(trace, keep, rate)
+        stream, d, sub = _sampled(trace, rate, ev)
     else:
         stream = _full_stream(trace)
-    if distances is not None and rate >= 1.0:
-        if distances.eviction != ev:
-            raise ValueError("distances were computed with another eviction model")
-        d = distances
-    else:
-        d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
+        if distances is not None:
+            if distances.eviction != ev:
+                raise ValueError("distances were computed with another eviction model")
+            d = distances
+        else:
+            d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
 
     ev_all = _evaluate(d, stream, first_req, B, req_group, len(names), grid, a_coef, b_coef)
     seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
@@ -412,10 +428,10 @@ def compute_curve(
         out = {"capacity_bytes": grid * bpt, "capacity_tokens": grid, "capacity_blocks": grid / B}
         for k in RATE_COLUMNS:
             out[k] = ev_all.rates[k][gi]
-        flops = ev_all.flops_hit[gi] / rate
+        flops = ev_all.flops_hit[gi]  # sampled sums are already weighted up to the whole trace
         out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops) / hours if hours > 0 else nan
         out["dollars_saved_per_hour"] = gpu.dollars(flops) / hours if hours > 0 else nan
-        out["read_bandwidth_bytes_per_s"] = (ev_all.prefix_bytes_hit[gi] * bpt / rate / seconds
+        out["read_bandwidth_bytes_per_s"] = (ev_all.prefix_bytes_hit[gi] * bpt / seconds
                                              if seconds > 0 else nan)
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
@@ -450,7 +466,7 @@ def compute_curve(
         "approximate": rate < 1.0,
     }
     if rate < 1.0:
-        se = _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a_coef, b_coef)
+        se = _subsample_error(d, stream, sub, first_req, B, grid)
         sel = np.searchsorted(grid, main_tokens)
         curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[sel]))
         if display is not None:
@@ -458,9 +474,10 @@ def compute_curve(
         info["sampled_accesses"] = int(stream.block.shape[0])
         info["error_estimate"] = {
             "metric": HEADLINE,
-            "mean_standard_error": _nan_none(np.nanmean(se[sel])) if sel.size else None,
-            "max_standard_error": _nan_none(np.nanmax(se[sel])) if sel.size else None,
+            "mean_standard_error": _nan_none(np.nanmean(se[sel])) if np.isfinite(se[sel]).any() else None,
+            "max_standard_error": _nan_none(np.nanmax(se[sel])) if np.isfinite(se[sel]).any() else None,
             "method": f"spread of {SUBSAMPLES} hash-disjoint sub-samples (random-groups estimator)",
+            "heavy_blocks_exact": "blocks with accesses x rate >= 1 (at most 64) are tracked exactly",
         }
 
     by_group = None
@@ -472,10 +489,15 @@ def compute_curve(
         info["groups"] = names
 
     ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
-    finite = d.usable[int(stream.req_start[first_req]):]
-    finite = finite[finite != COLD]
-    ceiling["capacity_bytes"] = int(math.ceil(int(finite.max()) / rate)) * bpt if finite.size else 0
-    knees = _knees(d, stream, first_req, B, grid, a_coef, b_coef, ev_all, bpt, rate)
+    # the capacity at which every metric reaches its ceiling: the largest finite key
+    measured = int(stream.req_start[first_req])
+    top = 0
+    for keys in (d.dist[measured:], d.usable[measured:]):
+        finite = keys[keys != COLD]
+        if finite.size:
+            top = max(top, int(finite.max()))
+    ceiling["capacity_bytes"] = top * bpt
+    knees = _knees(d, stream, first_req, B, grid, a_coef, b_coef, ev_all, bpt)
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
     result.display = display
     return result
@@ -486,10 +508,10 @@ def _nan_none(x):
     return None if math.isnan(x) else x
 
 
-def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl.DataFrame:
+def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataFrame:
     """Exact smallest capacity reaching each fraction of the ceiling, per knee metric."""
     first = int(s.req_start[first_req])
-    kgrid = _scaled_grid(grid, rate)
+    kgrid = grid
     G = kgrid.shape[0]
     hist = ev_all.prefix_hist  # [G + 2, 4]
     weights = {"prefix_token_hit_rate": hist[:, 1], "compute_saved_rate": a * hist[:, 1] + b * hist[:, 3]}
@@ -506,7 +528,7 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl
             j = min(j, G)
             wanted[j] = True
             targets[(metric, f)] = (target, j, float(cw[j - 1]) if j > 0 else 0.0)
-    ks, bins, tok, q = keys_in_bins(d.usable, first, s.tokens, s.pos, B, kgrid, wanted)
+    ks, bins, tok, q = keys_in_bins(d.usable, first, s.tokens, s.pos, B, kgrid, wanted, s.scale_or_empty)
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]
     rows = []
@@ -515,12 +537,17 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl
         for f in KNEE_FRACTIONS:
             if metric == "request_hit_rate":
                 rk = ev_all.request_keys[ev_all.request_members]
-                rk = np.sort(rk[rk != COLD])
+                rw = (np.ones(rk.shape[0]) if ev_all.request_weights is None
+                      else ev_all.request_weights[ev_all.request_members])
+                warm = rk != COLD
+                rk, rw = rk[warm], rw[warm]
                 if rk.size == 0:
                     rows.append((metric, f, 0.0, None, None))
                     continue
-                i = int(math.ceil(f * rk.size - 1e-9)) - 1
-                key = int(rk[max(i, 0)])
+                order = np.argsort(rk, kind="stable")
+                rk, c = rk[order], np.cumsum(rw[order])
+                i = int(np.searchsorted(c, f * c[-1] * (1 - 1e-12), side="left"))
+                key = int(rk[min(i, rk.shape[0] - 1)])
             else:
                 if (metric, f) not in targets:
                     rows.append((metric, f, 0.0, None, None))
@@ -531,7 +558,7 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl
                 c = before + np.cumsum(w)
                 i = int(np.searchsorted(c, target * (1 - 1e-12), side="left"))
                 key = int(ks[lo + min(i, hi - lo - 1)])
-            cap_tokens = int(math.ceil(key / rate)) if rate < 1.0 else key
+            cap_tokens = key
             rows.append((metric, f, float(f * ceiling_rate), cap_tokens * bpt, cap_tokens))
     return pl.DataFrame(
         rows, schema={"metric": pl.String, "fraction": pl.Float64, "target_rate": pl.Float64,
@@ -539,19 +566,22 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, rate) -> pl
     )
 
 
-def _subsample_error(trace, hash_mix, rate, ev, first_req, B, grid, a, b) -> np.ndarray:
-    """Standard error of the sampled headline rate at each capacity (random groups)."""
-    keep = (hash_mix >> np.uint64(40)) < np.uint64(int(round(rate * (1 << 24))))
-    sub = (hash_mix >> np.uint64(8)) & np.uint64(SUBSAMPLES - 1)
-    curves = []
-    for g in range(SUBSAMPLES):
-        s = _sampled_stream(trace, keep & (sub == np.uint64(g)), rate / SUBSAMPLES)
-        if s.block.shape[0] == 0:
-            continue
-        d = _distances_of(s.block, s.size, s.req_start, ev)
-        e = _evaluate(d, s, first_req, B, None, 1, grid, a, b)
-        curves.append(e.rates[HEADLINE][0])
-    if len(curves) < 2:
+def _subsample_error(d: Distances, s: _Stream, sub: np.ndarray, first_req: int, B: int,
+                     grid: np.ndarray) -> np.ndarray:
+    """Standard error of the sampled headline rate at each capacity (random groups).
+
+    The evaluated accesses fall into ``SUBSAMPLES`` hash-disjoint groups (by block for
+    sampled blocks, by access for heavy ones); the spread of the groups' rates over
+    sqrt(groups) estimates the standard error of the whole sample's rate.
+    """
+    first = int(s.req_start[first_req])
+    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, sub, SUBSAMPLES, grid,
+                    s.scale_or_empty)
+    pre = h[1]  # [groups, G + 2, 4]
+    hits = np.cumsum(pre[:, : grid.shape[0], 1], axis=1)
+    total = pre[:, :, 1].sum(axis=1)
+    ok = total > 0
+    if ok.sum() < 2:
         return np.full(grid.shape[0], np.nan)
-    c = np.vstack(curves)
-    return np.nanstd(c, axis=0, ddof=1) / math.sqrt(c.shape[0])
+    rates = hits[ok] / total[ok][:, None]
+    return np.std(rates, axis=0, ddof=1) / math.sqrt(rates.shape[0])

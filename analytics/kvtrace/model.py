@@ -683,8 +683,8 @@ def resolve_model(
             close = MODELS.close_matches(text)  # type: ignore[attr-defined]
             hint = f"did you mean {', '.join(close)}?" if close else f"known presets: {', '.join(MODELS)}"
             raise UsageError(
-                f"unknown model '{text}' (no preset and no such file or directory); {hint} "
-                "Or give a path to a Hugging Face config.json.",
+                f"unknown model '{text}' (no preset and no such file or directory); {hint}; "
+                "or give a path to a Hugging Face config.json",
                 field="model",
             )
         model = MODELS[canonical]

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import polars as pl
 
-from .errors import KvtraceError
+from .errors import KvtraceError, UsageError
 
 
 @contextlib.contextmanager
@@ -33,13 +33,18 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None) -> Iterator[
         defaults to the destination's suffix.
     """
     dest = Path(path)
+    if dest.is_dir():  # else os.replace fails naming the temporary file
+        raise KvtraceError("is a directory, expected a file name", path=str(dest))
     directory = dest.parent if str(dest.parent) else Path(".")
     if not directory.exists():
         raise KvtraceError("directory does not exist", path=str(directory))
-    fd, tmp = tempfile.mkstemp(
-        prefix=f".{dest.name}.", suffix=(suffix if suffix is not None else dest.suffix) + ".tmp",
-        dir=directory,
-    )
+    try:
+        fd, tmp = tempfile.mkstemp(
+            prefix=f".{dest.name}.", suffix=(suffix if suffix is not None else dest.suffix) + ".tmp",
+            dir=directory,
+        )
+    except OSError as exc:
+        raise KvtraceError(f"cannot write here: {exc.strerror or exc}", path=str(dest)) from None
     os.close(fd)
     tmp_path = Path(tmp)
     try:
@@ -98,9 +103,8 @@ def table_format(path: str | os.PathLike) -> str:
         return "parquet"
     if suffix in ("csv", "json"):
         return suffix
-    raise KvtraceError(
-        f"unsupported output suffix '.{suffix}': expected .parquet, .csv or .json", path=str(path)
-    )
+    found = f"suffix '.{suffix}'" if suffix else "no suffix"
+    raise UsageError(f"unsupported output file ({found}): expected .parquet, .csv or .json", path=str(path))
 
 
 def write_table(df: pl.DataFrame, path: str | os.PathLike, metadata: dict | None = None) -> None:

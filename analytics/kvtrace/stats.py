@@ -96,7 +96,7 @@ def trace_stats(trace: Trace, model: ModelSpec | str | None = None, top: int = 1
         "accessed_kv_bytes": int(a.tokens.astype(np.int64).sum()) * bpt,
         "distinct_kv_bytes": int(trace.block_size.sum()) * bpt,
         "rereference_share": float(rereferenced.mean()) if n_acc else 0.0,
-        "sessions": int(req["session_id"].n_unique()) if req["session_id"].null_count() < n_req else None,
+        "sessions": int(req["session_id"].drop_nulls().n_unique()) if req["session_id"].null_count() < n_req else None,
         "warnings": list(trace.warnings),
     }
     lengths = pl.DataFrame(
@@ -175,6 +175,7 @@ def _group_rows(trace: Trace, col: str, rereferenced: np.ndarray) -> pl.DataFram
     return (
         per_req.join(per_acc, on="g", how="left")
         .rename({"g": col})
-        .with_columns(pl.col("block_accesses").fill_null(0))
-        .sort("requests", descending=True)
+        .with_columns(pl.col("block_accesses", "distinct_blocks").fill_null(0),
+                      pl.col("rereference_share").fill_null(0.0))
+        .sort(["requests", col], descending=[True, False])  # ties: by name, not hash order
     )

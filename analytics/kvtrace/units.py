@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+from fractions import Fraction
 
 from .errors import UsageError
 
@@ -33,7 +34,10 @@ def parse_size(text: str, *, field: str = "capacity") -> int:
     value = number * scale
     if not math.isfinite(value) or value <= 0:
         raise UsageError(f"expected a positive size, got '{text}'", field=field)
-    return int(value)
+    exact = int(Fraction(m.group(1)) * scale)  # exact: the float 8.2 * 10**9 floors to 8199999999
+    if exact < 1:
+        raise UsageError(f"expected at least one byte, got '{text}'", field=field)
+    return exact
 
 
 def parse_sizes(text: str, *, field: str = "capacity") -> list[int]:
@@ -58,7 +62,9 @@ def parse_duration(text: str, *, field: str = "duration") -> float:
 
 def format_bytes(n: float) -> str:
     """Human-readable binary size: ``1.5 TiB``."""
-    if n is None or not math.isfinite(n):
+    if n is None or math.isnan(n):
+        return "-"
+    if math.isinf(n):
         return "inf"
     for unit, scale in (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if abs(n) >= scale:

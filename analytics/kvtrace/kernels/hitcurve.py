@@ -42,7 +42,7 @@ def _bin(grid, key):
 
 
 @njit(**NJIT)
-def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, n_groups, grid):
+def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, n_groups, grid, scale):
     """Per-bin weight sums for accesses ``first..N-1``, for two keys in one pass.
 
     Parameters
@@ -55,6 +55,8 @@ def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_to
         Group index per access (empty = one group).
     grid : int64[G]
         Capacities in tokens, ascending.
+    scale : float64[N] or empty
+        Per-access multiplier of every weight (sampling weights); empty = 1.
 
     Returns
     -------
@@ -64,32 +66,35 @@ def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_to
     G = grid.shape[0]
     out = np.zeros((2, n_groups, G + 2, N_WEIGHTS), dtype=np.float64)
     grouped = group.shape[0] > 0
+    scaled = scale.shape[0] > 0
     bt = np.float64(block_tokens)
     for t in range(first, keys_any.shape[0]):
         g = group[t] if grouped else 0
+        w0 = scale[t] if scaled else 1.0
         k = np.float64(tokens[t])
         s = np.float64(pos[t]) * bt
-        w2 = np.float64(size[block[t]])
-        w3 = k * s + k * (k - 1.0) * 0.5
+        w1 = w0 * k
+        w2 = w0 * np.float64(size[block[t]])
+        w3 = w0 * (k * s + k * (k - 1.0) * 0.5)
         i = _bin(grid, keys_any[t])
-        out[0, g, i, 0] += 1.0
-        out[0, g, i, 1] += k
+        out[0, g, i, 0] += w0
+        out[0, g, i, 1] += w1
         out[0, g, i, 2] += w2
         out[0, g, i, 3] += w3
         # the usable key is a running max: mostly equal to the any-block key
         j = i if keys_prefix[t] == keys_any[t] else _bin(grid, keys_prefix[t])
-        out[1, g, j, 0] += 1.0
-        out[1, g, j, 1] += k
+        out[1, g, j, 0] += w0
+        out[1, g, j, 1] += w1
         out[1, g, j, 2] += w2
         out[1, g, j, 3] += w3
     return out
 
 
 @njit(**NJIT)
-def keys_in_bins(keys, first, tokens, pos, block_tokens, grid, wanted):
+def keys_in_bins(keys, first, tokens, pos, block_tokens, grid, wanted, scale):
     """Keys of the accesses whose bin is flagged in ``wanted`` (bool[G + 2]), with
-    their bin, tokens and position-token sum: the raw material for exact capacities
-    between two grid points."""
+    their bin, tokens and position-token sum (times ``scale``, when given): the raw
+    material for exact capacities between two grid points."""
     n = 0
     for t in range(first, keys.shape[0]):
         if wanted[_bin(grid, keys[t])]:
@@ -99,15 +104,17 @@ def keys_in_bins(keys, first, tokens, pos, block_tokens, grid, wanted):
     out_tok = np.empty(n, dtype=np.float64)
     out_q = np.empty(n, dtype=np.float64)
     bt = np.float64(block_tokens)
+    scaled = scale.shape[0] > 0
     i = 0
     for t in range(first, keys.shape[0]):
         b = _bin(grid, keys[t])
         if wanted[b]:
+            w0 = scale[t] if scaled else 1.0
             k = np.float64(tokens[t])
             s = np.float64(pos[t]) * bt
             out_k[i] = keys[t]
             out_bin[i] = b
-            out_tok[i] = k
-            out_q[i] = k * s + k * (k - 1.0) * 0.5
+            out_tok[i] = w0 * k
+            out_q[i] = w0 * (k * s + k * (k - 1.0) * 0.5)
             i += 1
     return out_k, out_bin, out_tok, out_q

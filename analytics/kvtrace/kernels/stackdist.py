@@ -129,9 +129,12 @@ def _prefix(tree, offsets, slot_size, slot, total):
 
 
 @njit(**NJIT)
-def _compact(tree, offsets, slot_block, slot_size, last_slot, scalars):
-    """Renumber live slots 0..live-1 in touch order and rebuild the sums in O(K)."""
+def _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+    """Renumber live slots 0..live-1 in touch order and rebuild the sums in O(K).
+
+    ``slot_time`` (touch time per slot, or an empty array) moves with its slot."""
     live = 0
+    timed = slot_time.shape[0] > 0
     for s in range(scalars[_NEXT_SLOT]):
         b = slot_block[s]
         if b >= 0:
@@ -140,6 +143,8 @@ def _compact(tree, offsets, slot_block, slot_size, last_slot, scalars):
             slot_size[s] = 0
             slot_block[live] = b
             slot_size[live] = v
+            if timed:
+                slot_time[live] = slot_time[s]
             last_slot[b] = live
             live += 1
     tree[:] = 0
@@ -172,6 +177,7 @@ def stack_distances_chunk(
     """
     n_req = req_start.shape[0] - 1
     want_prev = prev_request.shape[0] > 0
+    no_times = np.empty(0, dtype=np.int64)
     n_slots = slot_block.shape[0]
     top = offsets.shape[0] - 1  # tree levels are 1..top-1
     next_slot = scalars[_NEXT_SLOT]
@@ -220,7 +226,7 @@ def stack_distances_chunk(
                         last_request[b] = g
                     if next_slot == n_slots:
                         scalars[_NEXT_SLOT] = next_slot
-                        _compact(tree, offsets, slot_block, slot_size, last_slot, scalars)
+                        _compact(tree, offsets, slot_block, slot_size, no_times, last_slot, scalars)
                         next_slot = scalars[_NEXT_SLOT]
                         cache_slot = -1
                         s = last_slot[b]
