@@ -673,8 +673,6 @@ def test_corrupt_gzip_is_a_user_error(tmp_path):
 
 @pytest.mark.parametrize("error", [OSError("disk full"), KeyboardInterrupt()])
 def test_write_canonical_is_atomic(tmp_path, monkeypatch, error):
-    import pyarrow.parquet as pq
-
     good = load_trace(write_jsonl(tmp_path / "m.jsonl", HAND))
     other = load_trace(write_jsonl(tmp_path / "o.jsonl", [moon(0, 5, 1, [99])]))
     out_dir = tmp_path / "out"
@@ -684,12 +682,12 @@ def test_write_canonical_is_atomic(tmp_path, monkeypatch, error):
     before = dest.read_bytes()
     seen = []
 
-    def failing_write_table(table, where, *args, **kwargs):
+    def failing_write(frame, where, *args, **kwargs):
         seen.append(Path(where))
         Path(where).write_bytes(b"PAR1 half-written")  # the temp file exists, partly written
         raise error
 
-    monkeypatch.setattr(pq, "write_table", failing_write_table)
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", failing_write)
     with pytest.raises(type(error)):
         write_canonical(other, None, dest)
     monkeypatch.undo()

@@ -8,14 +8,13 @@ Every command reads any of them directly: ingest is implicit.
 
 from __future__ import annotations
 
-import io
 import os
 from pathlib import Path
 
 from ..errors import KvtraceError
 from ..trace import Trace, TraceMeta
 from .canonical import read_metadata, requests_to_trace, write_canonical
-from .jsonl import first_record, read_bailian, read_bytes, read_mooncake, scan_for_error
+from .jsonl import first_record, jsonl_source, read_bailian, read_mooncake, scan_for_error
 from .tabular import from_generic, read_canonical, read_table
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
@@ -32,9 +31,7 @@ def detect_format(path: str | os.PathLike) -> str:
         return "parquet"
     if suffix.endswith((".csv", ".csv.gz")):
         return "csv"
-    data = read_bytes(p)
-    rec = first_record(data, p)
-    line = next(n for n, raw in enumerate(io.BytesIO(data), start=1) if raw.strip())
+    line, rec = first_record(p, p)
     if "chat_id" in rec or "parent_chat_id" in rec:
         return "bailian"
     if "hash_ids" in rec:
@@ -58,9 +55,8 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
     if fmt == "auto":
         fmt = detect_format(p)
     if fmt in ("mooncake", "bailian"):
-        data = read_bytes(p)
-        if not data.strip():
-            raise KvtraceError("no requests: the file is empty", path=p)
+        first_record(p, p)  # an empty file, or a first line that is not JSON, fails here
+        data = jsonl_source(p)
         reader = read_mooncake if fmt == "mooncake" else read_bailian
         df, meta = reader(data, p, block_tokens)
         return df, meta, data, fmt

@@ -128,10 +128,8 @@ def requests_to_trace(
     last_tokens = np.clip(inputs[has] - B * (lengths[has] - 1), 1, B)
     tokens[last_idx] = last_tokens.astype(np.int32)
 
-    hashes = df["block_ids"].explode().to_numpy() if n else np.empty(0, dtype=np.uint64)
-    hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
     if meta.share_tenants or df["tenant"].null_count() == df.height:
-        ns = np.full(n, -1, dtype=np.int32)
+        ns_req = None
     else:
         # Namespace = rank of the tenant name among the trace's tenants (exact: two
         # names never share a namespace).
@@ -142,8 +140,24 @@ def requests_to_trace(
             .fill_null(-1)
             .to_numpy()
         )
-        ns = ns_req[request]
-    block, state = densify(hashes, ns, tokens)
+    # Densify chunk by chunk of the list column, so the hashes are never copied whole.
+    col = df["block_ids"]
+    block = np.empty(n, dtype=np.int64)
+    state = None
+    top = int(col.list.max().max() or 0) if n else 0
+    ns_max = int(ns_req.max()) if ns_req is not None and ns_req.size else -1
+    row = 0
+    for part in col.get_chunks() if n else []:
+        rows = part.len()
+        lo, hi = int(req_start[row]), int(req_start[row + rows])
+        if hi > lo:
+            hashes = part.explode(empty_as_null=False).to_numpy()
+            ns = (np.full(hi - lo, -1, dtype=np.int32) if ns_req is None
+                  else ns_req[request[lo:hi]].astype(np.int32))
+            block[lo:hi], state = densify(hashes, ns, tokens[lo:hi], state, top=top, ns_max=ns_max, total=n)
+        row += rows
+    if state is None:
+        state = densify(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, np.int32))[1]
     block_hash, block_ns, block_size = (a.copy() for a in state.arrays())
     del state
 
@@ -169,26 +183,28 @@ def write_canonical(trace_or_requests, meta: TraceMeta | None, path: str | os.Pa
     path : path-like
         Destination ``.parquet`` file.
     """
-    import pyarrow.parquet as pq
-
     if isinstance(trace_or_requests, Trace):
         df, meta = trace_or_requests.requests, trace_or_requests.meta
     else:
         df = conform(trace_or_requests)
         if meta is None:
             raise ValueError("meta is required when writing a DataFrame")
-    table = df.to_arrow()
-    md = dict(table.schema.metadata or {})
-    md[METADATA_KEY] = json.dumps({"version": 1, **meta.to_dict()}, sort_keys=True).encode()
-    table = table.replace_schema_metadata(md)
+    md = {METADATA_KEY.decode(): json.dumps({"version": 1, **meta.to_dict()}, sort_keys=True)}
     with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 17)
+        # Polars' own writer: no Arrow copy of the (large) list column
+        df.write_parquet(tmp, compression="zstd", row_group_size=1 << 17, metadata=md)
 
 
 def read_metadata(path: str | os.PathLike) -> dict | None:
     """The kvtrace metadata of a Parquet file, or None when it has none."""
     import pyarrow.parquet as pq
 
-    md = pq.read_schema(path).metadata or {}
+    try:
+        md = pq.read_metadata(path).metadata or {}  # the file's key-value metadata
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=str(path)) from None
     raw = md.get(METADATA_KEY)
-    return json.loads(raw) if raw else None
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        raise KvtraceError("kvtrace metadata is not valid JSON", path=str(path), field="kvtrace") from None

@@ -60,17 +60,42 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     return data
 
 
-def first_record(data: bytes, path: str) -> dict:
-    """The first non-blank JSON line, parsed (for format detection)."""
-    for lineno, line in enumerate(io.BytesIO(data), start=1):
+def jsonl_source(path: str) -> str | bytes:
+    """What the readers take: the path itself (Polars reads it without a Python copy),
+    or the decompressed bytes of a gzipped file."""
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+    return read_bytes(path) if magic == b"\x1f\x8b" else path
+
+
+def _lines(src: str | bytes):
+    """Lines of a source: bytes, or a file path (gzip read as a stream)."""
+    if isinstance(src, bytes):
+        yield from io.BytesIO(src)
+        return
+    with open(src, "rb") as fh:
+        gz = fh.read(2) == b"\x1f\x8b"
+    try:
+        with (gzip.open(src, "rb") if gz else open(src, "rb")) as fh:
+            yield from fh
+    except (OSError, EOFError) as exc:
+        if not gz:
+            raise
+        raise KvtraceError(f"corrupt gzip stream ({exc})", path=str(src)) from None
+
+
+def first_record(data: str | bytes, path: str) -> tuple[int, dict]:
+    """The first non-blank JSON line: (line number, parsed record)."""
+    for lineno, line in enumerate(_lines(data), start=1):
         if line.strip():
             try:
                 rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise KvtraceError(f"malformed JSON ({exc.msg})", path=path, line=lineno) from None
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not valid UTF-8"
+                raise KvtraceError(f"malformed JSON ({msg})", path=path, line=lineno) from None
             if not isinstance(rec, dict):
                 raise KvtraceError("expected a JSON object per line", path=path, line=lineno)
-            return rec
+            return lineno, rec
     raise KvtraceError("no requests: the file is empty", path=path)
 
 
@@ -96,10 +121,10 @@ def _check_value(kind: str, value) -> str | None:
     return None
 
 
-def scan_for_error(data: bytes, path: str, fmt: str) -> KvtraceError | None:
+def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | None:
     """Line-by-line validation; the first problem found, or None."""
     required, optional = _REQUIRED[fmt], _OPTIONAL[fmt]
-    for lineno, line in enumerate(io.BytesIO(data), start=1):
+    for lineno, line in enumerate(_lines(data), start=1):
         if not line.strip():
             continue
         try:
@@ -129,10 +154,11 @@ def scan_for_error(data: bytes, path: str, fmt: str) -> KvtraceError | None:
     return None
 
 
-def _fast_read(data: bytes, path: str, fmt: str) -> pl.DataFrame:
+def _fast_read(data: str | bytes, path: str, fmt: str) -> pl.DataFrame:
     schema = _MOONCAKE_SCHEMA if fmt == "mooncake" else _BAILIAN_SCHEMA
     try:
-        return pl.read_ndjson(io.BytesIO(data), schema=schema, ignore_errors=False)
+        return pl.read_ndjson(io.BytesIO(data) if isinstance(data, bytes) else data, schema=schema,
+                              ignore_errors=False)
     except Exception as exc:  # Polars raises several error types for bad input
         err = scan_for_error(data, path, fmt)
         if err is not None:
@@ -140,7 +166,7 @@ def _fast_read(data: bytes, path: str, fmt: str) -> pl.DataFrame:
         raise KvtraceError(f"cannot read as {fmt} JSONL: {str(exc).splitlines()[0]}", path=path) from None
 
 
-def read_mooncake(data: bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
+def read_mooncake(data: str | bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Mooncake JSONL -> canonical request table (file order) and metadata.
 
     ``timestamp`` is in milliseconds; block size 512 tokens unless overridden.
@@ -159,7 +185,7 @@ def read_mooncake(data: bytes, path: str, block_tokens: int | None = None) -> tu
     return df, meta
 
 
-def read_bailian(data: bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
+def read_bailian(data: str | bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Qwen-Bailian JSONL -> canonical request table (file order) and metadata.
 
     ``timestamp`` is in seconds; block size 16 tokens unless overridden. The session

@@ -20,7 +20,7 @@ from numba import njit
 from ..config import NJIT
 
 _EMPTY = -1
-#: Largest hash value (exclusive) the direct method indexes (64 Mi entries of int64).
+#: Most entries of a direct table (64 Mi int32 = 256 MiB).
 DIRECT_LIMIT = 1 << 26
 _LOAD = 0.5
 
@@ -35,24 +35,35 @@ def _mix(h, ns):
 
 
 class DensifyState:
-    """Hash table + per-block arrays, grown as needed between chunks."""
+    """Per-block arrays and the lookup structure (direct table or hash table),
+    grown as needed between chunks."""
 
-    def __init__(self, expected_blocks: int = 1 << 16) -> None:
+    def __init__(self, expected_blocks: int = 1 << 16, direct_size: int = 0, n_ns: int = 1) -> None:
         expected = max(int(expected_blocks), 1024)
-        cap = 1 << max(12, int(np.ceil(np.log2(expected / _LOAD))))
-        self.slot_hash = np.zeros(cap, dtype=np.uint64)
-        self.slot_ns = np.zeros(cap, dtype=np.int32)
-        self.slot_id = np.full(cap, _EMPTY, dtype=np.int64)
         self.n_blocks = 0
         self.block_hash = np.empty(expected, dtype=np.uint64)
         self.block_ns = np.empty(expected, dtype=np.int32)
         self.block_size = np.zeros(expected, dtype=np.int64)
+        self.n_ns = int(n_ns)
+        #: direct table indexed by hash * n_ns + ns + 1 (None: hash-table mode)
+        self.direct = np.full(direct_size, -1, dtype=np.int32) if direct_size else None
+        if self.direct is None:
+            cap = 1 << max(12, int(np.ceil(np.log2(expected / _LOAD))))
+            self._new_table(cap)
+        else:
+            self.slot_id = None
+
+    def _new_table(self, cap: int) -> None:
+        self.slot_hash = np.zeros(cap, dtype=np.uint64)
+        self.slot_ns = np.zeros(cap, dtype=np.int32)
+        self.slot_id = np.full(cap, _EMPTY, dtype=np.int64)
+
+    def fits_direct(self, top: int, ns_max: int) -> bool:
+        return self.direct is not None and ns_max + 2 <= self.n_ns and (top + 1) * self.n_ns <= self.direct.shape[0]
 
     def reserve(self, more: int) -> None:
-        """Make room for ``more`` new blocks without a rehash inside the kernel."""
+        """Make room for ``more`` new blocks without growing anything inside the kernel."""
         need = self.n_blocks + int(more)
-        if self.slot_id is None:
-            self.slot_id = np.zeros(1, dtype=np.int64)  # forces a rebuild below
         if need > self.block_hash.shape[0]:
             new_len = max(need, 2 * self.block_hash.shape[0])
             for name in ("block_hash", "block_ns", "block_size"):
@@ -60,14 +71,19 @@ class DensifyState:
                 grown = np.zeros(new_len, dtype=old.dtype)
                 grown[: self.n_blocks] = old[: self.n_blocks]
                 setattr(self, name, grown)
-        if need > _LOAD * self.slot_id.shape[0] or self.slot_id.shape[0] == 1:
-            cap = max(self.slot_id.shape[0], 1 << 12)
+        if self.direct is not None:
+            return
+        if self.slot_id is None or need > _LOAD * self.slot_id.shape[0]:
+            cap = 1 << 12 if self.slot_id is None else self.slot_id.shape[0]
             while need > _LOAD * cap:
                 cap *= 2
-            self.slot_hash = np.zeros(cap, dtype=np.uint64)
-            self.slot_ns = np.zeros(cap, dtype=np.int32)
-            self.slot_id = np.full(cap, _EMPTY, dtype=np.int64)
+            self._new_table(cap)
             _rehash(self.block_hash, self.block_ns, self.n_blocks, self.slot_hash, self.slot_ns, self.slot_id)
+
+    def to_hash_table(self) -> None:
+        """Leave direct mode (a later key does not fit the table)."""
+        self.direct = None
+        self.slot_id = None
 
     def arrays(self):
         m = self.n_blocks
@@ -122,30 +138,26 @@ def densify_chunk(hashes, ns, tokens, slot_hash, slot_ns, slot_id, block_hash, b
 
 
 @njit(**NJIT)
-def _direct(hashes, ns, n_ns, tokens, table, out):
-    """Dense ids through a table indexed by (hash, namespace); returns per-id arrays."""
-    n_blocks = 0
+def densify_direct_chunk(hashes, ns, n_ns, tokens, table, block_hash, block_ns, block_size, n_blocks, out):
+    """Like :func:`densify_chunk`, through a table indexed by ``hash * n_ns + ns + 1``."""
     for t in range(hashes.shape[0]):
         key = np.int64(hashes[t]) * n_ns + (ns[t] + 1)
         i = table[key]
         if i < 0:
             i = n_blocks
             table[key] = i
+            block_hash[i] = hashes[t]
+            block_ns[i] = ns[t]
+            block_size[i] = 0
             n_blocks += 1
         out[t] = i
-    block_hash = np.empty(n_blocks, dtype=np.uint64)
-    block_ns = np.empty(n_blocks, dtype=np.int32)
-    block_size = np.zeros(n_blocks, dtype=np.int64)
-    for t in range(hashes.shape[0]):
-        i = out[t]
-        block_hash[i] = hashes[t]
-        block_ns[i] = ns[t]
         if tokens[t] > block_size[i]:
             block_size[i] = tokens[t]
-    return block_hash, block_ns, block_size
+    return n_blocks
 
 
-def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 1 << 22):
+def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 1 << 22,
+            top: int | None = None, ns_max: int | None = None, total: int | None = None):
     """Dense ids for a stream of (hash, namespace) keys, in order of first appearance.
 
     Parameters
@@ -156,7 +168,11 @@ def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 
     tokens : int32[N]
         Tokens of each access; a block's size is the max over its accesses.
     state : DensifyState, optional
-        Carry a table across calls (streaming); a new one is made otherwise.
+        Carry the lookup across calls (streaming); a new one is made otherwise.
+    top, ns_max, total : int, optional
+        Largest hash and namespace, and length, of the whole stream, when a caller
+        streaming chunks knows them: they let the first call choose the direct method
+        for all chunks.
 
     Returns
     -------
@@ -169,25 +185,33 @@ def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 
     tokens = np.ascontiguousarray(tokens)
     n = hashes.shape[0]
     out = np.empty(n, dtype=np.int64)
-    if state is None and n:
-        top = int(hashes.max())
-        n_ns = int(ns.max()) + 2  # namespaces -1..max
-        if int(ns.min()) >= -1 and top < 4 * n + 1024 and (top + 1) * n_ns <= DIRECT_LIMIT:
-            table = np.full((top + 1) * n_ns, -1, dtype=np.int32 if n < 2**31 else np.int64)
-            block_hash, block_ns, block_size = _direct(hashes, ns, n_ns, tokens, table, out)
-            del table
-            state = DensifyState.__new__(DensifyState)
-            state.block_hash, state.block_ns, state.block_size = block_hash, block_ns, block_size
-            state.n_blocks = block_hash.shape[0]
-            state.slot_id = None  # the hash table is built if a later chunk needs it
-            return out, state
+    if n == 0:
+        return out, state if state is not None else DensifyState()
+    chunk_top = int(hashes.max())
+    chunk_ns = int(ns.max())
+    if int(ns.min()) < -1:
+        raise ValueError("namespaces must be >= -1")
     if state is None:
-        state = DensifyState(min(n, 1 << 20))
+        top = chunk_top if top is None else max(int(top), chunk_top)
+        n_ns = (chunk_ns if ns_max is None else max(int(ns_max), chunk_ns)) + 2
+        # a table of at most ~2 int32 entries per access, so memory stays O(input)
+        if (top + 1) * n_ns <= min(DIRECT_LIMIT, 2 * max(n, total or 0) + 1024):
+            state = DensifyState(min(n, 1 << 20), direct_size=(top + 1) * n_ns, n_ns=n_ns)
+        else:
+            state = DensifyState(min(n, 1 << 20))
+    if state.direct is not None and not state.fits_direct(chunk_top, chunk_ns):
+        state.to_hash_table()
     for lo in range(0, n, chunk):
         hi = min(lo + chunk, n)
         state.reserve(hi - lo)
-        state.n_blocks = densify_chunk(
-            hashes[lo:hi], ns[lo:hi], tokens[lo:hi], state.slot_hash, state.slot_ns, state.slot_id,
-            state.block_hash, state.block_ns, state.block_size, state.n_blocks, out[lo:hi],
-        )
+        if state.direct is not None:
+            state.n_blocks = densify_direct_chunk(
+                hashes[lo:hi], ns[lo:hi], state.n_ns, tokens[lo:hi], state.direct,
+                state.block_hash, state.block_ns, state.block_size, state.n_blocks, out[lo:hi],
+            )
+        else:
+            state.n_blocks = densify_chunk(
+                hashes[lo:hi], ns[lo:hi], tokens[lo:hi], state.slot_hash, state.slot_ns, state.slot_id,
+                state.block_hash, state.block_ns, state.block_size, state.n_blocks, out[lo:hi],
+            )
     return out, state
