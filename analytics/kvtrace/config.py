@@ -27,5 +27,8 @@ FASTMATH: bool = _flag("KVTRACE_FASTMATH", False)
 
 #: Keyword arguments for ``numba.njit`` on serial kernels.
 NJIT = {"cache": NUMBA_CACHE, "fastmath": FASTMATH, "nogil": True}
+#: Small helpers of hot loops, inlined at the Numba IR level (a call with many array
+#: arguments costs more than the helper's body).
+NJIT_INLINE = {**NJIT, "inline": "always"}
 #: Keyword arguments for ``numba.njit`` on kernels that use ``prange``.
 NJIT_PARALLEL = {**NJIT, "parallel": True}

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
+from ..config import NJIT, NJIT_INLINE
 from .stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _compact, _prefix
 
 #: Most heavy blocks tracked exactly (each query scans them).
@@ -150,9 +150,48 @@ def _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets, slot_size
     return np.float64(size[b] + heavy_term) + np.float64(sampled_term) * inv_rate
 
 
+@njit(**NJIT_INLINE)
+def _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req,
+           tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+    """Touch block ``b`` (code ``c``) at access ``t`` of request ``r``, time ``clock``."""
+    h = HEAVY0 - c
+    if h >= 0:
+        heavy_last[h] = clock
+        heavy_at[h] = t
+        heavy_req[h] = r
+        return
+    if scalars[_NEXT_SLOT] == slot_block.shape[0]:
+        _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+    sz = size[b]
+    s = last_slot[c]
+    top = offsets.shape[0] - 1
+    if s >= 0:
+        i = s
+        for level in range(1, top):
+            i >>= _SHIFT
+            tree[offsets[level] + i] -= sz
+        slot_block[s] = -1
+        slot_size[s] = 0
+    else:
+        scalars[_TOTAL] += sz
+    new = scalars[_NEXT_SLOT]
+    i = new
+    for level in range(1, top):
+        i >>= _SHIFT
+        tree[offsets[level] + i] += sz
+    slot_block[new] = c
+    slot_size[new] = sz
+    slot_time[new] = clock
+    last_slot[c] = new
+    last_time[c] = clock
+    last_at[c] = t
+    last_req[c] = r
+    scalars[_NEXT_SLOT] = new + 1
+
+
 @njit(**NJIT)
-def shards_distances(block, size, req_start, prefix_aware, code, heavy_size, heavy_weight, stride, rate, window,
-                     tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
+def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_size, heavy_weight, stride, rate,
+                     window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
                      out_t, out_dist, out_weight):
     """Estimated distances of the evaluated accesses, in trace order.
 
@@ -169,6 +208,8 @@ def shards_distances(block, size, req_start, prefix_aware, code, heavy_size, hea
         Sampling rate R; evaluated accesses of sampled blocks get weight 1/R.
     window : int
         Reuse windows of at most this many accesses are measured exactly.
+    max_len : int
+        Most accesses in one request.
     out_t, out_dist, out_weight : preallocated outputs
         Access index, distance estimate in tokens (inf when cold) and weight.
 
@@ -190,86 +231,58 @@ def shards_distances(block, size, req_start, prefix_aware, code, heavy_size, hea
     while cap < 2 * window + 2:
         cap *= 2
     table = np.full(cap, -1, dtype=np.int64)
-    n_slots = slot_block.shape[0]
-    top = offsets.shape[0] - 1
     clock = 0
     k = 0
+    kept = np.empty(max_len, dtype=np.int64)  # the request's tracked accesses
     for r in range(req_start.shape[0] - 1):
         lo = req_start[r]
         hi = req_start[r + 1]
-        n_phases = 2 if prefix_aware else 1
-        for phase in range(n_phases):
-            if prefix_aware:
-                start, stop, step = (lo, hi, 1) if phase == 0 else (hi - 1, lo - 1, -1)
-            else:
-                start, stop, step = lo, hi, 1
-            do_query = phase == 0
-            do_touch = (not prefix_aware) or phase == 1
-            for t in range(start, stop, step):
+        nk = 0
+        for t in range(lo, hi):
+            b = block[t]
+            c = code[b]
+            if c == SKIPPED:
+                continue
+            kept[nk] = t
+            nk += 1
+            h = HEAVY0 - c  # heavy index, or < 0 for a sampled block (c = its index)
+            evaluate = True
+            if h >= 0:
+                evaluate = heavy_seen[h] % stride == 0
+                heavy_seen[h] += 1
+            if evaluate:
+                p = heavy_last[h] if h >= 0 else last_time[c]
+                out_t[k] = t
+                out_weight[k] = heavy_weight[h] if h >= 0 else inv_rate
+                if p < 0:
+                    out_dist[k] = np.inf
+                else:
+                    pt = heavy_at[h] if h >= 0 else last_at[c]
+                    if prefix_aware:
+                        # after b in its last request (earlier positions, touched later),
+                        # then every request since
+                        pr = heavy_req[h] if h >= 0 else last_req[c]
+                        lo1, hi1, lo2, hi2 = req_start[pr], pt, req_start[pr + 1], lo
+                    else:
+                        lo1, hi1, lo2, hi2 = pt + 1, t, 0, 0
+                    if (hi1 - lo1) + (hi2 - lo2) <= window:
+                        out_dist[k] = np.float64(size[b] + _distinct_tokens(block, size, lo1, hi1, lo2, hi2,
+                                                                            b, table))
+                    else:
+                        out_dist[k] = _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets,
+                                                slot_size, slot_time, last_slot, scalars, inv_rate)
+                k += 1
+            if not prefix_aware:
+                clock += 1
+                _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req,
+                       tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+        if prefix_aware:  # tail-first
+            for i in range(nk - 1, -1, -1):
+                t = kept[i]
                 b = block[t]
-                c = code[b]
-                if c == SKIPPED:
-                    continue
-                h = HEAVY0 - c  # heavy index, or < 0 for a sampled block (c = its index)
-                evaluate = do_query
-                if do_query and h >= 0:
-                    evaluate = heavy_seen[h] % stride == 0
-                    heavy_seen[h] += 1
-                if evaluate:
-                    p = heavy_last[h] if h >= 0 else last_time[c]
-                    out_t[k] = t
-                    out_weight[k] = heavy_weight[h] if h >= 0 else inv_rate
-                    if p < 0:
-                        out_dist[k] = np.inf
-                    else:
-                        pt = heavy_at[h] if h >= 0 else last_at[c]
-                        if prefix_aware:
-                            # after b in its last request (earlier positions, touched later),
-                            # then every request since
-                            pr = heavy_req[h] if h >= 0 else last_req[c]
-                            lo1, hi1, lo2, hi2 = req_start[pr], pt, req_start[pr + 1], lo
-                        else:
-                            lo1, hi1, lo2, hi2 = pt + 1, t, 0, 0
-                        if (hi1 - lo1) + (hi2 - lo2) <= window:
-                            out_dist[k] = np.float64(size[b] + _distinct_tokens(block, size, lo1, hi1, lo2,
-                                                                                hi2, b, table))
-                        else:
-                            out_dist[k] = _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets,
-                                                    slot_size, slot_time, last_slot, scalars, inv_rate)
-                    k += 1
-                if do_touch:
-                    clock += 1
-                    if h >= 0:
-                        heavy_last[h] = clock
-                        heavy_at[h] = t
-                        heavy_req[h] = r
-                        continue
-                    if scalars[_NEXT_SLOT] == n_slots:
-                        _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
-                    sz = size[b]
-                    s = last_slot[c]
-                    if s >= 0:
-                        i = s
-                        for level in range(1, top):
-                            i >>= _SHIFT
-                            tree[offsets[level] + i] -= sz
-                        slot_block[s] = -1
-                        slot_size[s] = 0
-                    else:
-                        scalars[_TOTAL] += sz
-                    new = scalars[_NEXT_SLOT]
-                    i = new
-                    for level in range(1, top):
-                        i >>= _SHIFT
-                        tree[offsets[level] + i] += sz
-                    slot_block[new] = c
-                    slot_size[new] = sz
-                    slot_time[new] = clock
-                    last_slot[c] = new
-                    last_time[c] = clock
-                    last_at[c] = t
-                    last_req[c] = r
-                    scalars[_NEXT_SLOT] = new + 1
+                clock += 1
+                _touch(t, r, b, code[b], clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
+                       last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
     scalars[_CACHE_SLOT] = -1
     return k
 
@@ -332,7 +345,8 @@ def sample_distances(block, size, req_start, request, block_hash, block_tenant, 
     out_t = np.empty(n, dtype=np.int64)
     out_dist = np.empty(n, dtype=np.float64)
     out_w = np.empty(n, dtype=np.float64)
-    k = shards_distances(block, size, req_start, prefix_aware, code, size[heavy_blocks].astype(np.int64),
+    max_len = int(np.diff(req_start).max()) if req_start.shape[0] > 1 else 0
+    k = shards_distances(block, size, req_start, max(max_len, 1), prefix_aware, code, size[heavy_blocks].astype(np.int64),
                          heavy_weight.astype(np.float64), stride, float(rate),
                          int(window if window is not None else round(4.0 / rate)), state.tree, state.offsets,
                          state.slot_block, state.slot_size, slot_time, state.last_slot, state.scalars,
