@@ -239,11 +239,11 @@ def test_interrupted_ingest_keeps_the_old_output(tmp_path, evict_trace, monkeypa
     ok(run("ingest", evict_trace, "-o", out))
     before = out.read_bytes()
 
-    def interrupted(table, where, **kwargs):
+    def interrupted(frame, where, *args, **kwargs):
         Path(where).write_bytes(b"PAR1 partial")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pq, "write_table", interrupted)
+    monkeypatch.setattr(pl.DataFrame, "write_parquet", interrupted)
     res = run("ingest", CHAT, "-o", out)
     assert res.exit_code == 130
     assert res.stderr.strip() == "kvtrace: interrupted"
