@@ -23,23 +23,26 @@ from polars.testing import assert_frame_equal
 import naive
 
 from kvtrace.curves import KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, VALUE_COLUMNS, compute_curve
-from kvtrace.errors import UsageError
+from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.canonical import requests_to_trace
-from kvtrace.model import resolve_gpu, resolve_model
+from kvtrace.model import ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import TraceMeta
 
-SETTINGS = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(deadline=None, max_examples=20, suppress_health_check=[HealthCheck.too_slow])
 EVICTIONS = pytest.mark.parametrize("eviction", ["prefix-aware", "flat"])
 REL = 1e-12
 COLUMNS = RATE_COLUMNS + VALUE_COLUMNS
-PREFIX_RATES = ("request_hit_rate", "prefix_token_hit_rate", "prefix_byte_hit_rate", "prefix_block_hit_rate",
-                "compute_saved_rate")
 
 # Bytes per token: a preset's real value, and a small odd override so that byte
 # capacities between two token counts are easy to hit.
 LLAMA8 = resolve_model("Llama-3.1-8B")
 ODD = resolve_model("Llama-3.1-8B", kv_bytes_per_token=7)
+# A toy whose attention term dominates (a = 2, b = 4 FLOPs): a token late in a prompt
+# costs many times an early one, so compute_saved_rate is far from token_hit_rate and
+# a wrong position (or position sum) shows; with a real model b*p is ~1e-4 of a.
+TOY = ModelSpec(name="toy", attention="mha", layers=1, q_heads=1, kv_heads=1, head_dim=1, active_params=1.0)
+MODELS = st.sampled_from([LLAMA8, TOY])
 GPU = resolve_gpu("A100", mfu=0.4, dollars_per_hour=1.75)
 BIG_HASH = 2**63 + 5  # does not fit an int64
 
@@ -48,10 +51,10 @@ BIG_HASH = 2**63 + 5  # does not fit an int64
 
 
 @st.composite
-def request_rows(draw, max_requests: int = 10):
+def request_rows(draw, max_requests: int = 12):
     """Canonical request rows (dicts) and the block size in tokens."""
     B = draw(st.sampled_from([1, 3, 4, 16]))
-    kind = draw(st.sampled_from(["random", "random", "random", "one-block", "all-cold", "empty"]))
+    kind = draw(st.sampled_from(["random"] * 3 + ["chained"] * 3 + ["one-block", "all-cold", "empty"]))
     n_req = draw(st.integers(1, max_requests))
     pool = draw(st.lists(st.sampled_from([0, 1, 2, 3, 7, 11, 42, 99, BIG_HASH]), min_size=1, max_size=6,
                          unique=True))
@@ -67,6 +70,12 @@ def request_rows(draw, max_requests: int = 10):
             hashes = [next(fresh) for _ in range(draw(st.integers(0, 4)))]
         elif kind == "empty":
             hashes = []
+        elif kind == "chained":
+            # chained prefix hashes (DESIGN §1): a prefix of an earlier prompt, then new
+            # blocks; equal hash at j <=> same tokens 0..j
+            base = draw(st.sampled_from(chains)) if chains and draw(st.integers(0, 4)) else []
+            hashes = base[: draw(st.integers(min(1, len(base)), len(base)))]
+            hashes = hashes + [next(fresh) for _ in range(draw(st.integers(0, 3)))]
         elif chains and draw(st.booleans()):
             # a shared prefix of an earlier request, then some more blocks
             base = draw(st.sampled_from(chains))
@@ -209,17 +218,16 @@ def test_twin_hand_computed():
 
 @EVICTIONS
 @SETTINGS
-@given(data=request_rows())
-def test_default_grid_matches_twin(eviction, data):
+@given(data=request_rows(), model=MODELS, points=st.sampled_from([200, 200, 7, 2]))
+def test_default_grid_matches_twin(eviction, data, model, points):
     rows, B = data
     trace, tt, _ = build(rows, B)
-    model = LLAMA8
-    res = compute_curve(trace, model=model, gpu=GPU, eviction=eviction)
+    res = compute_curve(trace, model=model, gpu=GPU, eviction=eviction, points=points)
     bpt = model.kv_bytes_per_token
     total = sum(tt.size)
     caps = res.curve["capacity_tokens"].to_list()
     # default grid: ascending, one block (or everything, if less) up to all distinct tokens
-    assert caps == sorted(set(caps))
+    assert caps == sorted(set(caps)) and len(caps) <= points
     assert caps[0] == max(1, min(B, total)) and caps[-1] == max(caps[0], total)
     assert res.curve["capacity_bytes"].to_list() == [c * bpt for c in caps]
     assert res.curve["capacity_blocks"].to_list() == [c / B for c in caps]
@@ -229,7 +237,13 @@ def test_default_grid_matches_twin(eviction, data):
     info = res.info
     assert (info["measured_requests"], info["measured_accesses"]) == (len(rows), len(tt.block))
     assert (info["distinct_blocks"], info["distinct_bytes"]) == (len(tt.size), total * bpt)
-    assert not res.approximate and f"{'prefix_token_hit_rate'}_se" not in res.curve.columns
+    assert not res.approximate and "prefix_token_hit_rate_se" not in res.curve.columns
+    # the twin reads a kvtrace Trace too (its access table), with the same result
+    counts = ("requests", "hit_requests", "blocks", "hit_blocks", "prefix_blocks", "tokens", "prefix_tokens",
+              "bytes", "prefix_bytes", "pos_sum", "prefix_pos_sum")
+    mid = caps[len(caps) // 2]
+    via_trace = naive.curve_metrics(trace, mid, model, GPU, eviction == "prefix-aware", 0)
+    assert [via_trace[k] for k in counts] == [twin(mid)[k] for k in counts]
 
 
 @EVICTIONS
@@ -296,6 +310,22 @@ def test_warmup_only_fills_the_cache():
     assert res.curve["prefix_token_hit_rate"].to_list() == [0.5]
 
 
+@pytest.mark.parametrize("warmup, first", [("10s", 1), ("9.5s", 1), ("10.5s", 2), ("15s", 2), ("25s", 3),
+                                          ("0.5", 2), ("50%", 2), (0.49, 1), (0.2, 0)])
+def test_warmup_boundaries(warmup, first):
+    # arrivals 5, 15, 20, 30 s; a duration counts from the first arrival and a request
+    # arriving exactly when the warm-up ends is measured; a fraction of 4 requests
+    # warms floor(fraction x 4) of them.
+    rows = [{"timestamp": t, "input_tokens": 4, "output_tokens": 0, "block_ids": [1]} for t in (5.0, 15.0, 20.0, 30.0)]
+    trace, tt, _ = build(rows, 4)
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, warmup=warmup)
+    assert res.info["first_measured_request"] == first
+    assert res.info["measured_seconds"] == 30.0 - rows[first]["timestamp"]
+    twin = Twin(tt, LLAMA8, "prefix-aware", first)
+    for row in res.curve.iter_rows(named=True):
+        assert_row(row, twin(row["capacity_tokens"]), f"warm-up {warmup}")
+
+
 # --------------------------------------------------------------------------- groups
 
 
@@ -307,7 +337,7 @@ def test_groups_match_twin_on_shared_cache(eviction, data, by, warmup):
     trace, tt, order = build(rows, B)
     labels = [rows[i][by] for i in order]  # trace order
     if all(x is None for x in labels):
-        with pytest.raises(Exception, match=by):
+        with pytest.raises(KvtraceError, match=by):
             compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, by=by)
         return
     first = twin_first_request(tt.timestamp, warmup)
@@ -333,14 +363,17 @@ def test_groups_match_twin_on_shared_cache(eviction, data, by, warmup):
 
 @EVICTIONS
 @SETTINGS
-@given(data=request_rows(), warmup=st.sampled_from([None, None, 0.5]))
-def test_ceiling_and_knees_match_twin(eviction, data, warmup):
+@given(data=request_rows(), warmup=st.sampled_from([None, 0.5]), model=MODELS,
+       points=st.sampled_from([200, 5, 2]))
+def test_ceiling_and_knees_match_twin(eviction, data, warmup, model, points):
+    # A sparse grid (few points) leaves many distinct distances between two grid
+    # capacities, so the knees' exact refinement inside a bin is exercised.
     rows, B = data
     trace, tt, _ = build(rows, B)
     first = twin_first_request(tt.timestamp, warmup)
-    bpt = LLAMA8.kv_bytes_per_token
-    res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, warmup=warmup)
-    twin = Twin(tt, LLAMA8, eviction, first)
+    bpt = model.kv_bytes_per_token
+    res = compute_curve(trace, model=model, gpu=GPU, eviction=eviction, warmup=warmup, points=points)
+    twin = Twin(tt, model, eviction, first)
     top = twin(math.inf)
     for col in RATE_COLUMNS:
         assert_close(res.ceiling[col], top[col], f"ceiling {col}")
@@ -388,6 +421,48 @@ def test_ceiling_capacity_reaches_any_block_rates(eviction):
     assert res.ceiling["block_hit_rate"] == 1 / 3
     need_tokens = int(res.ceiling["capacity_bytes"] // LLAMA8.kv_bytes_per_token)
     assert Twin(tt, LLAMA8, eviction)(need_tokens)["block_hit_rate"] == 1 / 3
+
+
+@pytest.mark.parametrize("points", [200, 2])
+def test_knees_hand_computed(points):
+    # B = 1 (one token per block), request-atomic LRU. r0 [A, B, C, D], then
+    # [A], [A, B], [A, B, C], [A, B, C, D]: usable distances 1 | 1 2 | 1 2 3 | 1 2 3 4,
+    # so 4, 7, 9, 10 of the 14 tokens hit at 1, 2, 3, 4 tokens of cache. With TOY a
+    # token at position p costs 2 + 4p FLOPs (A 2, B 6, C 10, D 14): FLOPs saved
+    # 8, 26, 46, 60 of 60 at the ceiling -> the compute knees sit later than the token
+    # knees. points=2 gives the grid [1, 4]: knees at 2 and 3 are found inside a bin.
+    hashes = [[1, 2, 3, 4], [1], [1, 2], [1, 2, 3], [1, 2, 3, 4]]
+    rows = [{"timestamp": float(i), "input_tokens": len(h), "output_tokens": 0, "block_ids": h}
+            for i, h in enumerate(hashes)]
+    trace, tt, _ = build(rows, 1)
+    res = compute_curve(trace, model=TOY, gpu=GPU, points=points)
+    want = {
+        "prefix_token_hit_rate": {0.5: 2, 0.8: 3, 0.9: 3, 0.95: 4, 0.99: 4},
+        "compute_saved_rate": {0.5: 3, 0.8: 4, 0.9: 4, 0.95: 4, 0.99: 4},
+        "request_hit_rate": dict.fromkeys(KNEE_FRACTIONS, 1),
+    }
+    got = {m: {} for m in want}
+    for k in res.knees.iter_rows(named=True):
+        got[k["metric"]][k["fraction"]] = k["capacity_tokens"]
+    assert got == want
+    assert res.ceiling["prefix_token_hit_rate"] == 10 / 14 and res.ceiling["request_hit_rate"] == 4 / 5
+    twin = Twin(tt, TOY, "prefix-aware")
+    assert [twin(c)["prefix_tokens"] for c in range(5)] == [0, 4, 7, 9, 10]
+    assert [twin(c)["flops_saved"] for c in range(5)] == [0, 8, 26, 46, 60]
+
+
+def test_ceiling_capacity_ignores_warmup_accesses():
+    # r0 [A], r1 [B, C, D], r2 [A]: A's reuse spans 16 tokens, but r0-r2 are warm-up
+    # (0.5 of 6 requests); the measured r3-r5 only re-use E (4 tokens).
+    hashes = [[1], [2, 3, 4], [1], [5], [5], [5]]
+    rows = [{"timestamp": float(i), "input_tokens": 4 * len(h), "output_tokens": 0, "block_ids": h}
+            for i, h in enumerate(hashes)]
+    trace, tt, _ = build(rows, 4)
+    res = compute_curve(trace, model=LLAMA8, gpu=GPU, warmup=0.5)
+    assert res.ceiling["capacity_bytes"] == 4 * LLAMA8.kv_bytes_per_token
+    assert res.ceiling["prefix_token_hit_rate"] == 2 / 3
+    full = compute_curve(trace, model=LLAMA8, gpu=GPU)
+    assert full.ceiling["capacity_bytes"] == 16 * LLAMA8.kv_bytes_per_token
 
 
 # --------------------------------------------------------------------------- model rescaling
