@@ -64,16 +64,17 @@ def kernel_seconds(trace, prefix_aware: bool, repeat: int) -> float:
     size = np.ascontiguousarray(trace.block_size, dtype=np.int64)
     req_start = np.ascontiguousarray(a.req_start, dtype=np.int64)
     dist = np.empty(block.shape[0], dtype=np.int64)
+    usable = np.empty(block.shape[0], dtype=np.int64)  # the curve's hot path writes both
     no_prev = np.empty(0, dtype=np.int64)
     k = min(1_000, req_start.shape[0] - 1)  # warm-up slice: the first requests
     hi = int(req_start[k])
     stack_distances_chunk(block[:hi], size, req_start[: k + 1], 0, prefix_aware,
-                          *StackState(size.shape[0]).arrays(), dist[:hi], no_prev)
+                          *StackState(size.shape[0]).arrays(), dist[:hi], no_prev, usable[:hi])
     best = math.inf
     for _ in range(max(1, repeat)):
         state = StackState(size.shape[0])  # allocation is not the kernel's work
         t0 = time.perf_counter()
-        stack_distances_chunk(block, size, req_start, 0, prefix_aware, *state.arrays(), dist, no_prev)
+        stack_distances_chunk(block, size, req_start, 0, prefix_aware, *state.arrays(), dist, no_prev, usable)
         best = min(best, time.perf_counter() - t0)
     return best
 

@@ -322,3 +322,249 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
         "measured_seconds": seconds,
         **c,
     }
+
+
+# --- future reuse twin ---
+#
+# The specification of kvtrace.kernels.future and kvtrace.value (DESIGN §2 "Future
+# reuse", seed §9), by brute force over plain lists: every access scans every later
+# access (O(N^2)), the keep/drop optimum is searched over runs of kept intervals, and
+# the time-to-live schedule is replayed stay by stay. Nothing here uses kvtrace's
+# kernels.
+#
+# Conventions: a later access u > t (trace order) of the same block is within the
+# horizon of t iff ts[u] - ts[t] <= horizon (ties count; horizon may be inf); "none"
+# is -1 for an index, inf for a gap.
+
+import math  # noqa: E402
+
+
+def future_windows(block, ts, tokens, pos_token_sum, n_blocks, horizon):
+    """Next access and reuses within the horizon of every access, by scanning.
+
+    Returns ``next_t, next_gap, reuses, last_t, last_gap, reuse_tokens, reuse_q`` as
+    the kernel does: next access index (-1) and gap (inf); number of later accesses of
+    the block within the horizon, the last of them (-1) and its gap (0.0 when none);
+    sums of ``tokens`` and ``pos_token_sum`` over them.
+    """
+    block, tokens, q = _as_ints(block), _as_ints(tokens), _as_ints(pos_token_sum)
+    ts = [float(x) for x in np.asarray(ts).ravel()]
+    n = len(block)
+    assert all(0 <= b < n_blocks for b in block)
+    assert all(a <= b for a, b in zip(ts, ts[1:])), "timestamps must be non-decreasing"
+    next_t, next_gap, reuses, last_t, last_gap, rtok, rq = ([] for _ in range(7))
+    for t in range(n):
+        later = [u for u in range(t + 1, n) if block[u] == block[t]]
+        inside = [u for u in later if ts[u] - ts[t] <= horizon]
+        next_t.append(later[0] if later else -1)
+        next_gap.append(ts[later[0]] - ts[t] if later else math.inf)
+        reuses.append(len(inside))
+        last_t.append(inside[-1] if inside else -1)
+        last_gap.append(ts[inside[-1]] - ts[t] if inside else 0.0)
+        rtok.append(sum(tokens[u] for u in inside))
+        rq.append(sum(q[u] for u in inside))
+
+    def ints(x):
+        return np.array(x, dtype=np.int64).reshape(n)
+
+    def floats(x):
+        return np.array(x, dtype=np.float64).reshape(n)
+
+    return ints(next_t), floats(next_gap), ints(reuses), ints(last_t), floats(last_gap), ints(rtok), ints(rq)
+
+
+def _chains(block, n_blocks):
+    chains = [[] for _ in range(n_blocks)]
+    for t, b in enumerate(block):
+        chains[b].append(t)
+    return chains
+
+
+def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
+    """Best keep/drop schedule per block, searched over runs of kept intervals.
+
+    Interval i of a block runs from its i-th access to its (i+1)-th. A schedule keeps
+    disjoint, non-adjacent runs of consecutive keepable intervals; a run earns the sum
+    of its interval values minus one write. ``best(i)`` = the best value of intervals
+    i.. when interval i-1 is not kept: skip i, or keep a run i..e and skip e+1.
+    """
+    block = _as_ints(block)
+    keep = [bool(x) for x in np.asarray(keepable).ravel()]
+    val = [float(x) for x in np.asarray(interval_value).ravel()]
+    out = []
+    for b, chain in enumerate(_chains(block, n_blocks)):
+        ivals = chain[:-1]  # an interval per access that has a next access
+        memo: dict[int, float] = {}
+
+        def best(i: int) -> float:
+            if i >= len(ivals):
+                return 0.0
+            if i not in memo:
+                options = [best(i + 1)]
+                run = 0.0
+                for e in range(i, len(ivals)):
+                    if not keep[ivals[e]]:
+                        break
+                    run += val[ivals[e]]
+                    options.append(run - float(write_cost[b]) + best(e + 2))
+                memo[i] = max(options)
+            return memo[i]
+
+        out.append(best(0))
+    return np.array(out, dtype=np.float64).reshape(n_blocks)
+
+
+def best_keep_value_enumerated(block, n_blocks, keepable, interval_value, write_cost):
+    """The same optimum by trying every subset of keepable intervals (small inputs)."""
+    from itertools import product
+
+    block = _as_ints(block)
+    out = []
+    for b, chain in enumerate(_chains(block, n_blocks)):
+        ivals = [t for t in chain[:-1] if keepable[t]]
+        assert len(ivals) <= 14, "too many intervals to enumerate"
+        position = {t: i for i, t in enumerate(chain)}
+        best = 0.0
+        for choice in product((False, True), repeat=len(ivals)):
+            kept = [t for t, c in zip(ivals, choice) if c]
+            runs = sum(1 for t in kept if position[t] == 0 or chain[position[t] - 1] not in kept)
+            best = max(best, sum(float(interval_value[t]) for t in kept) - runs * float(write_cost[b]))
+        out.append(best)
+    return np.array(out, dtype=np.float64).reshape(n_blocks)
+
+
+def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
+    """Everything kvtrace.value reports, from the access lists by brute force.
+
+    Parameters
+    ----------
+    trace_like : CurveTrace or kvtrace Trace
+    model, gpu : ModelSpec, GpuSpec
+        A token at prompt position p costs a + b*p FLOPs; GPU-seconds = FLOPs /
+        (peak x mfu); $ = GPU-seconds x $/h / 3600.
+    horizon : float
+        Seconds (inf allowed).
+    write, read, occupancy : float
+        $ per byte written, per byte read, per byte-second stored.
+
+    Returns
+    -------
+    dict
+        ``access``: per-access dicts (window and interval values); ``block``: per-block
+        dicts keyed by dense id; ``prefix``: per-root dicts; ``summary``: the figures.
+    """
+    tr = _curve_trace_of(trace_like)
+    bpt = int(model.kv_bytes_per_token)
+    a, b = model.flops_coefficients()
+    flops_per_s = gpu.peak_flops * gpu.mfu
+    dollars_per_s = gpu.dollars_per_hour / 3600.0
+    B = tr.block_tokens
+    n = len(tr.block)
+    request = [r for r in range(len(tr.req_start) - 1) for _ in range(tr.req_start[r], tr.req_start[r + 1])]
+    ts = [tr.timestamp[request[t]] for t in range(n)]
+    tail = horizon if math.isfinite(horizon) else 0.0
+
+    def gpu_s(t):  # prefill GPU-seconds of access t: sum over its token positions
+        start = tr.pos[t] * B
+        return sum(a + b * p for p in range(start, start + tr.tokens[t])) / flops_per_s
+
+    def nbytes(t):
+        return tr.size[tr.block[t]] * bpt
+
+    access = []
+    for t in range(n):
+        later = [u for u in range(t + 1, n) if tr.block[u] == tr.block[t]]
+        inside = [u for u in later if ts[u] - ts[t] <= horizon]
+        hold = ts[inside[-1]] - ts[t] if inside else tail
+        gain = sum(gpu_s(u) for u in inside)
+        cost = nbytes(t) * (write + read * len(inside) + occupancy * hold)
+        access.append({"reuses": len(inside), "hold_s": hold, "gain_gpu_seconds": gain,
+                       "gain_dollars": gain * dollars_per_s, "cost_dollars": cost,
+                       "value_dollars": gain * dollars_per_s - cost,
+                       "next_t": later[0] if later else -1})
+
+    # the time-to-live schedule, stay by stay: a stay starts at an access whose
+    # previous access is not within the horizon and lasts H' past its last access
+    chains = _chains(tr.block, len(tr.size))
+    blocks = {}
+    for blk, chain in enumerate(chains):
+        size = tr.size[blk] * bpt
+        stays, hits, gain, stored_s = [], 0, 0.0, 0.0
+        for i, t in enumerate(chain):
+            if i > 0 and ts[t] - ts[chain[i - 1]] <= horizon:
+                stays[-1].append(t)
+                hits += 1
+                gain += gpu_s(t)
+            else:
+                stays.append([t])
+        for stay in stays:
+            stored_s += ts[stay[-1]] - ts[stay[0]] + tail
+        cost = size * (write * len(stays) + read * hits + occupancy * stored_s)
+        # clairvoyant: intervals between consecutive accesses within the horizon
+        ivals = {t: gpu_s(u) * dollars_per_s - size * (read + occupancy * (ts[u] - ts[t]))
+                 for t, u in zip(chain, chain[1:]) if ts[u] - ts[t] <= horizon}
+        first = chain[0]
+        root = tr.block[tr.req_start[request[first]]]
+        blocks[blk] = {
+            "root_block": root, "first_seen_s": ts[first], "last_seen_s": ts[chain[-1]],
+            "accesses": len(chain), "reused": len(chain) > 1, "horizon_hits": hits, "bytes": size,
+            "gain_gpu_seconds": gain, "cost_dollars": cost, "stays": len(stays), "stored_s": stored_s,
+            "total_value_dollars": gain * dollars_per_s - cost,
+            "value_per_byte": (gain * dollars_per_s - cost) / size,
+            "intervals": ivals,
+        }
+    keepable = [False] * n
+    ival = [0.0] * n
+    for blk in blocks.values():
+        for t, v in blk["intervals"].items():
+            keepable[t], ival[t] = True, v
+    clair = best_keep_value(tr.block, len(tr.size), keepable, ival,
+                            [tr.size[blk] * bpt * write for blk in range(len(tr.size))])
+    for blk, v in zip(blocks.values(), clair):
+        blk["clairvoyant_value_dollars"] = float(v)
+
+    prefix: dict[int, dict] = {}
+    for blk in blocks.values():
+        p = prefix.setdefault(blk["root_block"], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
+                                                  "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
+                                                  "clairvoyant_value_dollars": 0.0})
+        p["blocks"] += 1
+        p["bytes"] += blk["bytes"]
+        p["accesses"] += blk["accesses"]
+        p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
+        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
+            p[k] += blk[k]
+    for p in prefix.values():
+        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+
+    distinct = sum(blk["bytes"] for blk in blocks.values())
+    once = [blk for blk in blocks.values() if not blk["reused"]]
+    # byte-weighted quantiles: walk the blocks in density order until the share is reached
+    ranked = sorted(blocks.values(), key=lambda x: x["value_per_byte"])
+    quantiles = {}
+    for q in (0.10, 0.25, 0.50, 0.75, 0.90, 0.99):
+        seen = 0
+        for blk in ranked:
+            seen += blk["bytes"]
+            if seen >= q * distinct:
+                quantiles[f"p{round(100 * q)}"] = blk["value_per_byte"]
+                break
+    summary = {
+        "accesses": n, "blocks": len(blocks), "prefixes": len(prefix), "distinct_bytes": distinct,
+        "never_reused_blocks": len(once),
+        "never_reused_bytes": sum(blk["bytes"] for blk in once),
+        "never_reused_bytes_share": sum(blk["bytes"] for blk in once) / distinct if distinct else None,
+        "never_reused_access_share": len(once) / n if n else None,
+        "no_reuse_in_horizon_access_share": sum(x["reuses"] == 0 for x in access) / n if n else None,
+        "gain_gpu_seconds": sum(blk["gain_gpu_seconds"] for blk in blocks.values()),
+        "write_cost_dollars": sum(blk["bytes"] * write * blk["stays"] for blk in blocks.values()),
+        "read_cost_dollars": sum(blk["bytes"] * read * blk["horizon_hits"] for blk in blocks.values()),
+        "occupancy_cost_dollars": sum(blk["bytes"] * occupancy * blk["stored_s"] for blk in blocks.values()),
+        "total_value_dollars": sum(blk["total_value_dollars"] for blk in blocks.values()),
+        "clairvoyant_bound_dollars": sum(blk["clairvoyant_value_dollars"] for blk in blocks.values()),
+        "negative_value_bytes_share": (sum(blk["bytes"] for blk in blocks.values() if blk["total_value_dollars"] < 0)
+                                       / distinct if distinct else None),
+        "positive_window_value_access_share": sum(x["value_dollars"] > 0 for x in access) / n if n else None,
+        "value_per_byte_quantiles": quantiles if n else {k: None for k in ("p10", "p25", "p50", "p75", "p90", "p99")},
+    }
+    return {"access": access, "block": blocks, "prefix": prefix, "summary": summary}

@@ -40,7 +40,7 @@ import polars as pl
 
 from .distances import Distances, _distances_of, normalise_eviction
 from .errors import KvtraceError, UsageError
-from .kernels.hitcurve import binned_hits, keys_in_bins
+from .kernels.hitcurve import binned_hits, keys_in_ranges, max_finite
 from .kernels.shards import sample_distances
 from .kernels.stackdist import COLD
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -63,6 +63,7 @@ KNEE_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
 KNEE_METRICS = ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate")
 GROUPINGS = ("type", "tenant", "turn", "session-length")
 SUBSAMPLES = 8  # hash-disjoint sub-samples behind a sampled curve's error estimate
+KNEE_GRID_POINTS = 4096
 
 
 @dataclass
@@ -395,9 +396,11 @@ def compute_curve(
     user_tokens = None if not capacities else np.array([int(c) // bpt for c in capacities], dtype=np.int64)
     disp_tokens = None if not display_capacities else np.array([int(c) // bpt for c in display_capacities],
                                                                dtype=np.int64)
-    parts = [base_grid if user_tokens is None else user_tokens]
+    # The evaluation grid: what is asked for, plus a fine log grid on which the knees
+    # are bracketed before the exact search (a narrow bracket holds few accesses).
+    parts = [base_grid, default_grid(total_tokens, B, KNEE_GRID_POINTS)]
     if user_tokens is not None:
-        parts.append(base_grid)  # the knees are searched on the default grid too
+        parts.append(user_tokens)
     if disp_tokens is not None:
         parts.append(disp_tokens)
     grid = np.unique(np.concatenate(parts))
@@ -491,11 +494,7 @@ def compute_curve(
     ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
     # the capacity at which every metric reaches its ceiling: the largest finite key
     measured = int(stream.req_start[first_req])
-    top = 0
-    for keys in (d.dist[measured:], d.usable[measured:]):
-        finite = keys[keys != COLD]
-        if finite.size:
-            top = max(top, int(finite.max()))
+    top = max(0, int(max_finite(d.dist, measured)), int(max_finite(d.usable, measured)))
     ceiling["capacity_bytes"] = top * bpt
     knees = _knees(d, stream, first_req, B, grid, a_coef, b_coef, ev_all, bpt)
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
@@ -516,7 +515,7 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataF
     hist = ev_all.prefix_hist  # [G + 2, 4]
     weights = {"prefix_token_hit_rate": hist[:, 1], "compute_saved_rate": a * hist[:, 1] + b * hist[:, 3]}
     targets = {}
-    wanted = np.zeros(G + 2, dtype=np.bool_)
+    wanted = set()
     for metric, w in weights.items():
         cw = np.cumsum(w[: G + 1])
         ceiling_w = float(cw[-1]) if cw.size else 0.0
@@ -526,9 +525,14 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataF
             target = f * ceiling_w
             j = int(np.searchsorted(cw, target * (1 - 1e-12), side="left"))
             j = min(j, G)
-            wanted[j] = True
+            wanted.add(j)
             targets[(metric, f)] = (target, j, float(cw[j - 1]) if j > 0 else 0.0)
-    ks, bins, tok, q = keys_in_bins(d.usable, first, s.tokens, s.pos, B, kgrid, wanted, s.scale_or_empty)
+    # bin j holds keys in (grid[j-1], grid[j]] (bin G: above the grid, finite)
+    bins_sorted = np.array(sorted(wanted), dtype=np.int64)
+    lo_keys = np.array([kgrid[j - 1] if j > 0 else -1 for j in bins_sorted], dtype=np.int64)
+    hi_keys = np.array([kgrid[j] if j < G else COLD - 1 for j in bins_sorted], dtype=np.int64)
+    ks, rng, tok, q = keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, s.scale_or_empty)
+    bins = bins_sorted[rng] if rng.size else rng
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]
     rows = []

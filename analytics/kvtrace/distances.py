@@ -18,7 +18,7 @@ import numpy as np
 import polars as pl
 
 from .errors import UsageError
-from .kernels.stackdist import COLD, StackState, stack_distances_chunk, usable_distances
+from .kernels.stackdist import COLD, StackState, stack_distances_chunk
 from .trace import Trace
 
 EVICTIONS = ("prefix-aware", "flat")
@@ -111,6 +111,7 @@ def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -
         state = StackState(sizes.shape[0])
         dist = np.empty(n, dtype=np.int64)
         prev = np.empty(n if (details and main) else 0, dtype=np.int64)
+        usable = np.empty(n if main else 0, dtype=np.int64)
         n_req = req_start.shape[0] - 1
         r = 0
         while r < n_req:
@@ -121,13 +122,13 @@ def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -
             stack_distances_chunk(
                 block[lo:hi], sizes, req_start[r:r_end + 1] - lo, r, ev == "prefix-aware",
                 *state.arrays(), dist[lo:hi], prev[lo:hi] if prev.shape[0] else prev,
+                usable[lo:hi] if usable.shape[0] else usable,
             )
             if progress is not None:
                 progress(p * n + hi, n * len(passes))
             r = r_end
-        outputs.append((dist, prev))
-    dist, prev = outputs[0]
-    usable = usable_distances(dist, req_start)
+        outputs.append((dist, prev, usable))
+    dist, prev, usable = outputs[0]
     dist_blocks = outputs[1][0] if details else None
     return Distances(ev, dist, usable, dist_blocks, prev if details else None)
 

@@ -91,30 +91,52 @@ def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_to
 
 
 @njit(**NJIT)
-def keys_in_bins(keys, first, tokens, pos, block_tokens, grid, wanted, scale):
-    """Keys of the accesses whose bin is flagged in ``wanted`` (bool[G + 2]), with
-    their bin, tokens and position-token sum (times ``scale``, when given): the raw
-    material for exact capacities between two grid points."""
+def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, scale):
+    """Keys of the accesses falling in one of the key ranges ``(lo_keys[i], hi_keys[i]]``
+    (sorted, disjoint, few), with the range index, tokens and position-token sum
+    (times ``scale`` when given): the raw material for an exact capacity between two
+    grid points."""
+    n_ranges = lo_keys.shape[0]
+    scaled = scale.shape[0] > 0
+    bt = np.float64(block_tokens)
+    lo_all = lo_keys[0] if n_ranges else 0
+    hi_all = hi_keys[n_ranges - 1] if n_ranges else 0
     n = 0
     for t in range(first, keys.shape[0]):
-        if wanted[_bin(grid, keys[t])]:
-            n += 1
+        k = keys[t]
+        if lo_all < k <= hi_all:
+            for i in range(n_ranges):
+                if lo_keys[i] < k <= hi_keys[i]:
+                    n += 1
+                    break
     out_k = np.empty(n, dtype=np.int64)
-    out_bin = np.empty(n, dtype=np.int64)
+    out_r = np.empty(n, dtype=np.int64)
     out_tok = np.empty(n, dtype=np.float64)
     out_q = np.empty(n, dtype=np.float64)
-    bt = np.float64(block_tokens)
-    scaled = scale.shape[0] > 0
-    i = 0
+    j = 0
     for t in range(first, keys.shape[0]):
-        b = _bin(grid, keys[t])
-        if wanted[b]:
-            w0 = scale[t] if scaled else 1.0
-            k = np.float64(tokens[t])
-            s = np.float64(pos[t]) * bt
-            out_k[i] = keys[t]
-            out_bin[i] = b
-            out_tok[i] = w0 * k
-            out_q[i] = w0 * (k * s + k * (k - 1.0) * 0.5)
-            i += 1
-    return out_k, out_bin, out_tok, out_q
+        k = keys[t]
+        if lo_all < k <= hi_all:
+            for i in range(n_ranges):
+                if lo_keys[i] < k <= hi_keys[i]:
+                    w0 = scale[t] if scaled else 1.0
+                    kk = np.float64(tokens[t])
+                    s = np.float64(pos[t]) * bt
+                    out_k[j] = k
+                    out_r[j] = i
+                    out_tok[j] = w0 * kk
+                    out_q[j] = w0 * (kk * s + kk * (kk - 1.0) * 0.5)
+                    j += 1
+                    break
+    return out_k, out_r, out_tok, out_q
+
+
+@njit(**NJIT)
+def max_finite(keys, first):
+    """Largest key other than COLD among accesses ``first..`` (-1 when none)."""
+    top = -1
+    for t in range(first, keys.shape[0]):
+        k = keys[t]
+        if k != COLD and k > top:
+            top = k
+    return top

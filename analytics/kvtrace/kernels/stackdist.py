@@ -164,19 +164,21 @@ def _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars
 def stack_distances_chunk(
     block, size, req_start, first_request, prefix_aware,
     tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
-    dist, prev_request,
+    dist, prev_request, usable,
 ):
     """Process the requests of one chunk (``req_start``: local offsets into ``block``).
 
     ``first_request`` is the global index of the chunk's first request. Distances go
-    to ``dist``; the request of each block's previous touch to ``prev_request`` (pass
-    an empty array to skip it). State arrays are updated in place.
+    to ``dist``; the request of each block's previous touch to ``prev_request`` and
+    the usable-prefix distance (running max along the request) to ``usable`` (pass
+    empty arrays to skip them). State arrays are updated in place.
 
     The hot path (query and touch) is written out in this one loop, with the scalar
     state in local variables: this kernel runs once per block access of a trace.
     """
     n_req = req_start.shape[0] - 1
     want_prev = prev_request.shape[0] > 0
+    want_usable = usable.shape[0] > 0
     no_times = np.empty(0, dtype=np.int64)
     n_slots = slot_block.shape[0]
     top = offsets.shape[0] - 1  # tree levels are 1..top-1
@@ -191,6 +193,7 @@ def stack_distances_chunk(
         # In the prefix-aware model all queries of a request come first, then the
         # touches (tail-first); in the flat model each access queries then touches.
         n_phases = 2 if prefix_aware else 1
+        running = 0
         for phase in range(n_phases):
             if prefix_aware:
                 start, stop, step = (lo, hi, 1) if phase == 0 else (hi - 1, lo - 1, -1)
@@ -205,6 +208,7 @@ def stack_distances_chunk(
                 if do_query:
                     if s < 0:
                         dist[t] = COLD
+                        running = COLD
                     else:
                         if cache_slot >= 0 and cache_slot - _WALK <= s <= cache_slot + _WALK:
                             acc = cache_sum
@@ -218,7 +222,12 @@ def stack_distances_chunk(
                             acc = _prefix(tree, offsets, slot_size, s, total)
                         cache_slot = s
                         cache_sum = acc
-                        dist[t] = sz + total - acc
+                        d = sz + total - acc
+                        dist[t] = d
+                        if d > running:
+                            running = d
+                    if want_usable:
+                        usable[t] = running
                     if want_prev:
                         prev_request[t] = last_request[b]
                 if do_touch:
@@ -262,7 +271,8 @@ def _run(block, size, req_start, prefix_aware, want_prev):
     dist = np.empty(n, dtype=np.int64)
     prev = np.empty(n if want_prev else 0, dtype=np.int64)
     if req_start.shape[0] > 1:
-        stack_distances_chunk(block, size, req_start, 0, bool(prefix_aware), *state.arrays(), dist, prev)
+        stack_distances_chunk(block, size, req_start, 0, bool(prefix_aware), *state.arrays(), dist, prev,
+                              np.empty(0, dtype=np.int64))
     return dist, prev
 
 

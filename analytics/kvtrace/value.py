@@ -1,0 +1,623 @@
+"""Future-reuse value of keeping KV blocks (``kvtrace value``; DESIGN §2, seed §9).
+
+Seed §9: a cached block is worth *expected future reuses x the compute each reuse
+avoids - write, read and occupancy costs*; one-shot long prompts can fill capacity and
+never come back, while a medium prefix reused often can be worth more per byte.
+
+Two per-access quantities, both clairvoyant (they read the future of the trace):
+
+**Window value** (``FutureReuse.value_dollars``): the value of storing the block right
+after access ``t`` for the horizon ``H``. Its reuses are the later accesses of the block
+whose gap ``ts[u] - ts[t]`` is at most ``H`` (ties count, see
+:mod:`kvtrace.kernels.future`)::
+
+    gain  = GPU $ of the prefill FLOPs of those reuses (a*k + b*q of each reuse's own
+            tokens at its own position; with chained hashes this is reuses x the
+            compute of the block at t)
+    hold  = time from t to the last of those reuses; with no reuse, H if H is finite
+            (a block nothing reuses is dropped when its time-to-live runs out) else 0
+            (an infinite horizon only keeps a block as long as it is needed)
+    value = gain - bytes x (write + read x reuses + occupancy x hold)
+
+It is the score for a clairvoyant ``value >= v`` admission policy. Windows of
+successive accesses overlap (a reuse lies in the window of every earlier access within
+``H``), so window values must not be summed.
+
+**Interval value** (``FutureReuse.interval_value_dollars``): the decomposition of one
+schedule, *keep every block for H after its latest access* (a time-to-live cache of
+unbounded capacity; with ``H = inf``, keep each block until its last access), into
+disjoint per-access parts that sum to the block's net value under that schedule::
+
+    interval value of t = [next access within H] x (gain of the next access
+                                                    - bytes x (read + occupancy x gap))
+                        + [no next access within H] x (- bytes x occupancy x H')
+                        + [t starts a stay in the store] x (- bytes x write)
+
+where ``H' = H`` if finite else 0 and an access *starts a stay* when its previous
+access is not within ``H`` (or it is the block's first). The per-block and per-prefix
+``total_value_dollars`` are sums of interval values.
+
+**Clairvoyant bound** (``clairvoyant_value_dollars``): the best net value any
+keep/drop schedule can reach with unbounded capacity, when a block may only be kept
+across gaps of at most ``H`` (so that bound and schedule see the same reuses): per
+block, the best subset of its keepable intervals, each maximal run of kept intervals
+paying one write (:func:`kvtrace.kernels.future.best_keep_value`). With free writes it
+is the sum of the positive interval values (without tail and write terms); it is
+always >= max(0, total value).
+
+Units: bytes = tokens a block occupies in a cache (its largest size in the trace) x
+KV bytes per token; seconds from trace start; $ at the GPU's $/GPU-hour. Costs are
+per byte (write, read) and per byte-second (occupancy); see :class:`StorageCosts`.
+Not modelled: expiry or model-switch probability, compression, replicas.
+
+Per-block table (``ValueResult.per_block``, one row per dense block id, ascending):
+
+==========================  ========  ===================================================
+block                       int64     dense block id
+hash                        uint64    source hash of the block
+root_block                  int64     block at position 0 of the request in which the
+                                      block first appears (its prefix family)
+first_seen_s                float64   arrival of its first access, seconds
+last_seen_s                 float64   arrival of its last access, seconds
+accesses                    int64     accesses in the trace
+reused                      bool      accessed more than once (at any distance)
+horizon_hits                int64     accesses whose previous access is within H (hits
+                                      of the time-to-live schedule)
+bytes                       int64     bytes the block occupies
+gain_gpu_seconds            float64   GPU-seconds of prefill the schedule avoids
+cost_dollars                float64   write + read + occupancy cost of the schedule, $
+total_value_dollars         float64   sum of its interval values, $ (gain $ - cost)
+value_per_byte              float64   total_value_dollars / bytes, $ per byte
+clairvoyant_value_dollars   float64   best keep/drop schedule value, $ (>= 0)
+==========================  ========  ===================================================
+
+Per-prefix table (``ValueResult.per_prefix``, one row per root block, sorted by
+``total_value_dollars`` descending, then ``root_block``): ``root_block`` int64 ·
+``root_hash`` uint64 · ``blocks`` int64 (blocks of the family) · ``bytes`` int64 ·
+``accesses`` int64 · ``never_reused_bytes`` int64 (bytes of its blocks accessed once) ·
+``gain_gpu_seconds`` float64 · ``total_value_dollars`` float64 ($) · ``value_per_byte``
+float64 ($/byte) · ``clairvoyant_value_dollars`` float64 ($).
+
+Summary (``ValueResult.summary``; units in the key names): see :func:`value_report`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from .errors import KvtraceError, UsageError
+from .kernels.future import best_keep_value, future_windows
+from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from .trace import Trace
+from .units import parse_duration
+
+__all__ = [
+    "DEFAULT_COSTS",
+    "DEFAULT_HORIZON_S",
+    "FutureReuse",
+    "QUANTILES",
+    "StorageCosts",
+    "ValueResult",
+    "future_reuse",
+    "parse_horizon",
+    "value_report",
+]
+
+#: Default horizon, seconds: reuses more than an hour away are not counted. An hour
+#: covers a conversation's follow-up turns and an agent's tool calls; pass ``inf`` to
+#: count every later reuse.
+DEFAULT_HORIZON_S = 3600.0
+
+#: Quantiles of the value-density distribution reported in the summary.
+QUANTILES = (0.10, 0.25, 0.50, 0.75, 0.90, 0.99)
+
+_TB = 1e12  # storage is priced in decimal terabytes
+_MONTH_S = 730.0 * 3600.0  # a month of 730 hours (the seed's cost model, §8)
+
+
+@dataclass(frozen=True)
+class StorageCosts:
+    """What keeping a block in a store costs, per byte.
+
+    Parameters
+    ----------
+    write_dollars_per_byte : float
+        $ per byte written, paid once each time a block is stored (endurance of the
+        medium, write bandwidth).
+    read_dollars_per_byte : float
+        $ per byte read back, paid at every reuse served from the store.
+    occupancy_dollars_per_byte_second : float
+        $ per byte per second stored (the capacity's amortised cost).
+
+    All must be finite and >= 0. :meth:`per_tb` takes the units prices are quoted in.
+    """
+
+    write_dollars_per_byte: float = 0.0
+    read_dollars_per_byte: float = 0.0
+    occupancy_dollars_per_byte_second: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("write_dollars_per_byte", "read_dollars_per_byte", "occupancy_dollars_per_byte_second"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise UsageError(f"expected a number, got {value!r}", field=name)
+            if not math.isfinite(value) or value < 0:
+                raise UsageError(f"expected a finite cost >= 0, got {value!r}", field=name)
+            object.__setattr__(self, name, float(value))
+
+    @classmethod
+    def per_tb(
+        cls,
+        *,
+        write_dollars_per_tb: float = 0.0,
+        read_dollars_per_tb: float = 0.0,
+        occupancy_dollars_per_tb_month: float = 0.0,
+    ) -> "StorageCosts":
+        """Costs from $ per TB written / read and $ per TB-month stored.
+
+        TB = 10**12 bytes; a month = 730 hours.
+        """
+        for name, value in (("write_dollars_per_tb", write_dollars_per_tb), ("read_dollars_per_tb", read_dollars_per_tb),
+                            ("occupancy_dollars_per_tb_month", occupancy_dollars_per_tb_month)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise UsageError(f"expected a finite cost >= 0, got {value!r}", field=name)
+        return cls(
+            write_dollars_per_byte=write_dollars_per_tb / _TB,
+            read_dollars_per_byte=read_dollars_per_tb / _TB,
+            occupancy_dollars_per_byte_second=occupancy_dollars_per_tb_month / _TB / _MONTH_S,
+        )
+
+    def to_dict(self) -> dict:
+        return {
+            "write_dollars_per_byte": self.write_dollars_per_byte,
+            "read_dollars_per_byte": self.read_dollars_per_byte,
+            "occupancy_dollars_per_byte_second": self.occupancy_dollars_per_byte_second,
+            "write_dollars_per_tb": self.write_dollars_per_byte * _TB,
+            "read_dollars_per_tb": self.read_dollars_per_byte * _TB,
+            "occupancy_dollars_per_tb_month": self.occupancy_dollars_per_byte_second * _TB * _MONTH_S,
+        }
+
+
+#: Illustrative costs of a shared flash tier (the admission question of seed §9), not
+#: quotes: pass your own.
+#:
+#: - occupancy $20 per TB-month: enterprise NVMe at about $150/TB raw, times ~3 for the
+#:   servers, DPUs, network and spare capacity around it, over 36 months, plus power;
+#: - write $0.20 per TB written: a 1-drive-write-per-day drive over 5 years takes 1,825
+#:   full writes ($150 / 1,825 = $0.08 per TB), times ~2.5 write amplification;
+#: - read $0: reads do not wear flash; the GPU time a restore takes is a latency
+#:   question (``kvtrace estimate``), not a per-byte cost here.
+#:
+#: For Llama-3.1-70B (fp16, 512-token blocks = 168 MB) on an H100 at $2.50/h, one reuse
+#: of a block at position 0 saves about $1.0e-4; storing the block for a day costs
+#: $1.1e-4 and writing it $3.4e-5.
+DEFAULT_COSTS = StorageCosts.per_tb(write_dollars_per_tb=0.20, occupancy_dollars_per_tb_month=20.0)
+
+
+def parse_horizon(value: float | str | None) -> float:
+    """A horizon in seconds: a number, a duration (``90s``, ``10min``, ``2h``) or ``inf``.
+
+    ``None`` gives :data:`DEFAULT_HORIZON_S`.
+
+    Raises
+    ------
+    UsageError
+        A negative, NaN or unparsable horizon.
+    """
+    if value is None:
+        return DEFAULT_HORIZON_S
+    if isinstance(value, str):
+        text = value.strip().lower()
+        seconds = math.inf if text in ("inf", "infinite", "infinity", "none") else parse_duration(text, field="horizon")
+    elif isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise UsageError(f"expected a number of seconds, got {value!r}", field="horizon")
+    else:
+        seconds = float(value)
+    if math.isnan(seconds) or seconds < 0:
+        raise UsageError(f"expected a horizon >= 0 seconds, got {value!r}", field="horizon")
+    return seconds
+
+
+@dataclass
+class FutureReuse:
+    """Output of :func:`future_reuse`: per-access arrays, all in trace order (length N).
+
+    Attributes
+    ----------
+    block : int64[N]
+        Dense block id (the trace's access table, not a copy).
+    timestamp_s : float64[N]
+        Arrival of the access's request, seconds.
+    next_t : int64[N]
+        Index of the next access of the same block; -1 for none.
+    next_gap_s : float64[N]
+        Seconds to the next access; inf for none.
+    reuses : int64[N]
+        Later accesses of the block within the horizon (gap <= horizon, ties count).
+    last_reuse_t : int64[N]
+        Index of the last of those reuses; -1 when ``reuses == 0``.
+    hold_s : float64[N]
+        Seconds the window value holds the block: to the last reuse; with none, the
+        horizon if finite, else 0.
+    reuse_tokens : int64[N]
+        Tokens of those reuses.
+    bytes : int64[N]
+        Bytes the block occupies (its cache size in tokens x KV bytes per token).
+    gain_gpu_seconds : float64[N]
+        GPU-seconds of prefill the reuses within the horizon avoid.
+    gain_dollars : float64[N]
+        The same in $.
+    cost_dollars : float64[N]
+        ``bytes x (write + read x reuses + occupancy x hold_s)``, $.
+    value_dollars : float64[N]
+        Window value ``gain_dollars - cost_dollars``, $: the clairvoyant admission
+        score. Windows overlap; do not sum.
+    interval_gain_gpu_seconds : float64[N]
+        GPU-seconds the *next* access avoids when it is within the horizon, else 0.
+    interval_value_dollars : float64[N]
+        Interval value, $ (module docstring); sums to the block's total value.
+    horizon_s : float
+        The horizon, seconds (inf allowed).
+    costs : StorageCosts
+    info : dict
+        Model, GPU and KV bytes per token used.
+    """
+
+    block: np.ndarray
+    timestamp_s: np.ndarray
+    next_t: np.ndarray
+    next_gap_s: np.ndarray
+    reuses: np.ndarray
+    last_reuse_t: np.ndarray
+    hold_s: np.ndarray
+    reuse_tokens: np.ndarray
+    bytes: np.ndarray
+    gain_gpu_seconds: np.ndarray
+    gain_dollars: np.ndarray
+    cost_dollars: np.ndarray
+    value_dollars: np.ndarray
+    interval_gain_gpu_seconds: np.ndarray
+    interval_value_dollars: np.ndarray
+    horizon_s: float
+    costs: StorageCosts
+    info: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return int(self.block.shape[0])
+
+    @property
+    def keepable(self) -> np.ndarray:
+        """bool[N]: the next access is within the horizon (``reuses > 0``)."""
+        return self.reuses > 0
+
+    def table(self) -> pl.DataFrame:
+        """The per-access arrays as a table (for Parquet / SQL), one row per access.
+
+        Columns: ``t`` int64 (access index) · ``block`` · ``timestamp_s`` · and every
+        array attribute above under its name (units as documented there).
+        """
+        n = len(self)
+        return pl.DataFrame(
+            {
+                "t": np.arange(n, dtype=np.int64),
+                "block": self.block.astype(np.int64, copy=False),
+                "timestamp_s": self.timestamp_s,
+                "next_t": self.next_t,
+                "next_gap_s": self.next_gap_s,
+                "reuses": self.reuses,
+                "last_reuse_t": self.last_reuse_t,
+                "hold_s": self.hold_s,
+                "reuse_tokens": self.reuse_tokens,
+                "bytes": self.bytes,
+                "gain_gpu_seconds": self.gain_gpu_seconds,
+                "gain_dollars": self.gain_dollars,
+                "cost_dollars": self.cost_dollars,
+                "value_dollars": self.value_dollars,
+                "interval_gain_gpu_seconds": self.interval_gain_gpu_seconds,
+                "interval_value_dollars": self.interval_value_dollars,
+            }
+        )
+
+
+def _resolve(model, gpu) -> tuple[ModelSpec, GpuSpec]:
+    m = model if isinstance(model, ModelSpec) else resolve_model(model)
+    g = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
+    return m, g
+
+
+def future_reuse(
+    trace: Trace,
+    *,
+    model: ModelSpec | str | None = None,
+    gpu: GpuSpec | str | None = None,
+    horizon_s: float | str | None = DEFAULT_HORIZON_S,
+    costs: StorageCosts | None = None,
+) -> FutureReuse:
+    """Next access, reuses within a horizon and the value of keeping every access's block.
+
+    Parameters
+    ----------
+    trace : Trace
+    model : ModelSpec or str, optional
+        Sets KV bytes per token and prefill FLOPs (default Llama-3.1-70B).
+    gpu : GpuSpec or str, optional
+        Turns FLOPs into GPU-seconds and $ (default H100).
+    horizon_s : float or str, optional
+        Horizon, seconds (``inf`` = unbounded), or a duration such as ``1h``. Default
+        :data:`DEFAULT_HORIZON_S`.
+    costs : StorageCosts, optional
+        Write, read and occupancy costs; default :data:`DEFAULT_COSTS` (illustrative
+        flash tier). ``StorageCosts()`` values the avoided compute alone.
+
+    Returns
+    -------
+    FutureReuse
+        Per-access arrays in trace order (see its attributes and the module docstring).
+    """
+    m, g = _resolve(model, gpu)
+    horizon = parse_horizon(horizon_s)
+    c = DEFAULT_COSTS if costs is None else costs
+    if not isinstance(c, StorageCosts):
+        raise UsageError(f"expected StorageCosts, got {type(c).__name__}", field="costs")
+    a = trace.accesses
+    ts = trace.access_timestamp.astype(np.float64, copy=False)
+    if ts.size > 1 and np.any(np.diff(ts) < 0):
+        raise KvtraceError("access timestamps must be non-decreasing in trace order", field="timestamp")
+    B = int(trace.meta.block_tokens)
+    k = a.tokens.astype(np.int64)
+    start = a.pos.astype(np.int64) * B
+    q = k * start + k * (k - 1) // 2  # position-token sum, exact in int64
+    next_t, next_gap, reuses, last_t, last_gap, reuse_tokens, reuse_q = future_windows(
+        a.block.astype(np.int64, copy=False), ts, k, q, trace.n_blocks, horizon)
+
+    bpt = int(m.kv_bytes_per_token)
+    coef_a, coef_b = m.flops_coefficients()
+    nbytes = trace.block_size.astype(np.int64)[a.block] * bpt
+    fbytes = nbytes.astype(np.float64)
+    tail = horizon if math.isfinite(horizon) else 0.0
+
+    # window value
+    gain_s = g.gpu_seconds(coef_a * reuse_tokens.astype(np.float64) + coef_b * reuse_q.astype(np.float64))
+    gain_d = gain_s * (g.dollars_per_hour / 3600.0)
+    hold = np.where(reuses > 0, last_gap, tail)
+    cost = fbytes * (c.write_dollars_per_byte + c.read_dollars_per_byte * reuses
+                     + c.occupancy_dollars_per_byte_second * hold)
+    value = gain_d - cost
+
+    # interval value (the time-to-live schedule, split by access)
+    keep = reuses > 0
+    own_s = g.gpu_seconds(coef_a * k.astype(np.float64) + coef_b * q.astype(np.float64))
+    interval_gain = np.zeros(ts.shape[0], dtype=np.float64)
+    interval_gain[keep] = own_s[next_t[keep]]
+    kept_into = np.zeros(ts.shape[0], dtype=bool)
+    kept_into[next_t[keep]] = True
+    occupied = np.where(keep, next_gap, tail)
+    interval_value = interval_gain * (g.dollars_per_hour / 3600.0) - fbytes * (
+        c.read_dollars_per_byte * keep + c.occupancy_dollars_per_byte_second * occupied
+        + c.write_dollars_per_byte * ~kept_into)
+
+    return FutureReuse(
+        block=a.block, timestamp_s=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
+        hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_dollars=gain_d,
+        cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
+        interval_value_dollars=interval_value, horizon_s=horizon, costs=c,
+        info={"model": m.name, "kv_bytes_per_token": bpt, "gpu": g.name, "gpu_dollars_per_hour": g.dollars_per_hour,
+              "gpu_effective_flops": g.effective_flops},
+    )
+
+
+@dataclass
+class ValueResult:
+    """Output of :func:`value_report` (schemas in the module docstring).
+
+    Attributes
+    ----------
+    per_block : polars.DataFrame
+        One row per block.
+    per_prefix : polars.DataFrame
+        One row per root prefix, most valuable first.
+    summary : dict
+        Scalar figures, units in the key names (see :func:`value_report`).
+    future : FutureReuse
+        The per-access arrays the tables were built from.
+    """
+
+    per_block: pl.DataFrame
+    per_prefix: pl.DataFrame
+    summary: dict
+    future: FutureReuse
+
+    def top_prefixes(self, n: int = 10) -> pl.DataFrame:
+        """The ``n`` root prefixes of highest total value."""
+        return self.per_prefix.head(n)
+
+    def to_dict(self, top: int = 10) -> dict:
+        """Summary and the ``top`` prefixes, JSON-ready (non-finite floats: use
+        :func:`kvtrace.outputs.write_json_atomic`, which writes them as null)."""
+        return {"summary": self.summary, "top_prefixes": self.top_prefixes(top).to_dicts()}
+
+
+def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs) -> dict:
+    """Inverted-CDF quantiles of ``x`` weighted by ``w``: the smallest x whose
+    cumulative weight reaches q x total."""
+    if x.size == 0 or w.sum() <= 0:
+        return {f"p{round(100 * q)}": None for q in qs}
+    order = np.argsort(x, kind="stable")
+    cum = np.cumsum(w[order].astype(np.float64))
+    out = {}
+    for q in qs:
+        i = min(int(np.searchsorted(cum, q * cum[-1], side="left")), x.size - 1)
+        out[f"p{round(100 * q)}"] = float(x[order[i]])
+    return out
+
+
+def value_report(
+    trace: Trace,
+    *,
+    model: ModelSpec | str | None = None,
+    gpu: GpuSpec | str | None = None,
+    horizon_s: float | str | None = None,
+    costs: StorageCosts | None = None,
+    future: FutureReuse | None = None,
+) -> ValueResult:
+    """Per-block and per-prefix future-reuse value of a trace, and a summary.
+
+    Parameters
+    ----------
+    trace : Trace
+    model, gpu, horizon_s, costs
+        As for :func:`future_reuse` (None: the same defaults).
+    future : FutureReuse, optional
+        Reuse an already computed :func:`future_reuse` of this trace (then ``model``,
+        ``gpu``, ``horizon_s`` and ``costs`` are taken from it and must not be given).
+
+    Returns
+    -------
+    ValueResult
+        Tables as in the module docstring; ``summary`` keys:
+
+        - ``model``, ``kv_bytes_per_token`` (bytes), ``gpu``, ``gpu_dollars_per_hour``,
+          ``horizon_s`` (None = infinite), the costs (:meth:`StorageCosts.to_dict`);
+        - ``accesses``, ``blocks``, ``prefixes``, ``distinct_bytes``;
+        - ``never_reused_blocks``, ``never_reused_bytes``, ``never_reused_bytes_share``
+          (share of distinct bytes in blocks accessed once: one-shot prompts),
+          ``never_reused_access_share`` (share of accesses that touch such blocks),
+          ``no_reuse_in_horizon_access_share`` (share of accesses with no reuse
+          within the horizon);
+        - ``gain_gpu_seconds``, ``gain_dollars``, ``write_cost_dollars``,
+          ``read_cost_dollars``, ``occupancy_cost_dollars``, ``total_value_dollars``
+          (= gain - the three costs) of the time-to-live schedule;
+        - ``clairvoyant_bound_dollars``: sum of the per-block best schedules;
+        - ``negative_value_bytes_share``: share of distinct bytes in blocks whose total
+          value is < 0; ``positive_window_value_access_share``: share of accesses with
+          a window value > 0 (what a ``value > 0`` admission would store);
+        - ``value_per_byte_quantiles``: {"p10", "p25", "p50", "p75", "p90", "p99"} of
+          the blocks' ``value_per_byte`` ($/byte), weighted by bytes (inverted CDF:
+          the smallest density such that that share of the bytes is at or below it).
+
+        Shares and quantiles are None for a trace without accesses.
+    """
+    if future is None:
+        fr = future_reuse(trace, model=model, gpu=gpu, horizon_s=horizon_s, costs=costs)
+    else:
+        if any(x is not None for x in (model, gpu, horizon_s, costs)):
+            raise UsageError("pass either a computed FutureReuse or model/gpu/horizon/costs, not both",
+                             field="future")
+        if len(future) != trace.n_accesses:
+            raise UsageError("the FutureReuse was computed on another trace", field="future")
+        fr = future
+    c = fr.costs
+    a = trace.accesses
+    M, N = trace.n_blocks, trace.n_accesses
+    block = a.block.astype(np.int64, copy=False)
+    ts = fr.timestamp_s
+    tail = fr.horizon_s if math.isfinite(fr.horizon_s) else 0.0
+    bpt = int(fr.info["kv_bytes_per_token"])
+
+    accesses = np.bincount(block, minlength=M).astype(np.int64)
+    first_t = np.full(M, -1, dtype=np.int64)
+    first_t[block[::-1]] = np.arange(N - 1, -1, -1, dtype=np.int64)
+    last_t = np.full(M, -1, dtype=np.int64)
+    last_t[block] = np.arange(N, dtype=np.int64)
+    first_request = a.request[first_t]
+    root = block[a.req_start[first_request]]  # position 0 of the request where b first appears
+    bytes_b = trace.block_size.astype(np.int64) * bpt
+
+    keep = fr.keepable
+    kept_into = np.zeros(N, dtype=bool)
+    kept_into[fr.next_t[keep]] = True
+    fbytes = fr.bytes.astype(np.float64)
+    write_acc = fbytes * c.write_dollars_per_byte * ~kept_into
+    read_acc = fbytes * c.read_dollars_per_byte * keep
+    occ_acc = fbytes * c.occupancy_dollars_per_byte_second * np.where(keep, fr.next_gap_s, tail)
+
+    def per_block(x) -> np.ndarray:
+        return np.bincount(block, weights=x, minlength=M).astype(np.float64)
+
+    gain_s = per_block(fr.interval_gain_gpu_seconds)
+    cost = per_block(write_acc + read_acc + occ_acc)
+    total = per_block(fr.interval_value_dollars)
+    dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
+    clair_interval = fr.interval_gain_gpu_seconds * dollars_per_gpu_s - read_acc - np.where(keep, occ_acc, 0.0)
+    clair = best_keep_value(block, M, keep, clair_interval, bytes_b.astype(np.float64) * c.write_dollars_per_byte)
+    density = total / bytes_b  # bytes >= 1: a block holds >= 1 token of >= 1 byte
+
+    req_ts = trace.request_timestamp
+    per_block_df = pl.DataFrame(
+        {
+            "block": np.arange(M, dtype=np.int64),
+            "hash": trace.block_hash.astype(np.uint64),
+            "root_block": root.astype(np.int64),
+            "first_seen_s": req_ts[first_request],
+            "last_seen_s": req_ts[a.request[last_t]],
+            "accesses": accesses,
+            "reused": accesses > 1,
+            "horizon_hits": np.bincount(block, weights=kept_into, minlength=M).astype(np.int64),
+            "bytes": bytes_b,
+            "gain_gpu_seconds": gain_s,
+            "cost_dollars": cost,
+            "total_value_dollars": total,
+            "value_per_byte": density,
+            "clairvoyant_value_dollars": clair,
+        },
+        schema_overrides={"first_seen_s": pl.Float64, "last_seen_s": pl.Float64},
+    )
+    families = (
+        per_block_df.group_by("root_block")
+        .agg(
+            pl.len().cast(pl.Int64).alias("blocks"),
+            pl.col("bytes").sum(),
+            pl.col("accesses").sum(),
+            pl.col("bytes").filter(~pl.col("reused")).sum().alias("never_reused_bytes"),
+            pl.col("gain_gpu_seconds").sum(),
+            pl.col("total_value_dollars").sum(),
+            pl.col("clairvoyant_value_dollars").sum(),
+        )
+        .with_columns((pl.col("total_value_dollars") / pl.col("bytes")).alias("value_per_byte"))
+    )
+    per_prefix_df = (
+        families.with_columns(
+            pl.Series("root_hash", trace.block_hash[families["root_block"].to_numpy()], dtype=pl.UInt64))
+        .select("root_block", "root_hash", "blocks", "bytes", "accesses", "never_reused_bytes", "gain_gpu_seconds",
+                "total_value_dollars", "value_per_byte", "clairvoyant_value_dollars")
+        .sort(["total_value_dollars", "root_block"], descending=[True, False])
+    )
+
+    once = accesses == 1
+    distinct = int(bytes_b.sum())
+
+    def share(x, y):
+        return float(x) / float(y) if y else None
+
+    summary = {
+        "model": fr.info["model"],
+        "kv_bytes_per_token": bpt,
+        "gpu": fr.info["gpu"],
+        "gpu_dollars_per_hour": fr.info["gpu_dollars_per_hour"],
+        "horizon_s": fr.horizon_s if math.isfinite(fr.horizon_s) else None,
+        **c.to_dict(),
+        "accesses": N,
+        "blocks": M,
+        "prefixes": per_prefix_df.height,
+        "distinct_bytes": distinct,
+        "never_reused_blocks": int(once.sum()),
+        "never_reused_bytes": int(bytes_b[once].sum()),
+        "never_reused_bytes_share": share(bytes_b[once].sum(), distinct),
+        "never_reused_access_share": share(once.sum(), N),
+        "no_reuse_in_horizon_access_share": share(np.count_nonzero(~keep), N),
+        "gain_gpu_seconds": float(gain_s.sum()),
+        "gain_dollars": float(gain_s.sum() * dollars_per_gpu_s),
+        "write_cost_dollars": float(write_acc.sum()),
+        "read_cost_dollars": float(read_acc.sum()),
+        "occupancy_cost_dollars": float(occ_acc.sum()),
+        "total_value_dollars": float(total.sum()),
+        "clairvoyant_bound_dollars": float(clair.sum()),
+        "negative_value_bytes_share": share(bytes_b[total < 0].sum(), distinct),
+        "positive_window_value_access_share": share(np.count_nonzero(fr.value_dollars > 0), N),
+        "value_per_byte_quantiles": _weighted_quantiles(density, bytes_b, QUANTILES),
+    }
+    return ValueResult(per_block_df, per_prefix_df, summary, fr)
