@@ -536,20 +536,23 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataF
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]
     rows = []
+    req_sorted = None  # request keys sorted once, with cumulative weights
     for metric in KNEE_METRICS:
         ceiling_rate = ev_all.ceiling[metric]
         for f in KNEE_FRACTIONS:
             if metric == "request_hit_rate":
-                rk = ev_all.request_keys[ev_all.request_members]
-                rw = (np.ones(rk.shape[0]) if ev_all.request_weights is None
-                      else ev_all.request_weights[ev_all.request_members])
-                warm = rk != COLD
-                rk, rw = rk[warm], rw[warm]
+                if req_sorted is None:
+                    rk = ev_all.request_keys[ev_all.request_members]
+                    rw = (np.ones(rk.shape[0]) if ev_all.request_weights is None
+                          else ev_all.request_weights[ev_all.request_members])
+                    warm = rk != COLD
+                    rk, rw = rk[warm], rw[warm]
+                    order = np.argsort(rk, kind="stable")
+                    req_sorted = (rk[order], np.cumsum(rw[order]))
+                rk, c = req_sorted
                 if rk.size == 0:
                     rows.append((metric, f, 0.0, None, None))
                     continue
-                order = np.argsort(rk, kind="stable")
-                rk, c = rk[order], np.cumsum(rw[order])
                 i = int(np.searchsorted(c, f * c[-1] * (1 - 1e-12), side="left"))
                 key = int(rk[min(i, rk.shape[0] - 1)])
             else:

@@ -148,7 +148,8 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
     n_blocks : int
         M.
     keepable : bool[N]
-        Whether interval ``t`` may be kept (it has a next access within the horizon).
+        Whether interval ``t`` may be kept (it has a next access within the horizon);
+        ignored for a block's last access, which has no interval.
     interval_value : float64[N]
         Net value of keeping interval ``t``, $ (ignored where not keepable).
     write_cost : float64[M]
@@ -163,7 +164,8 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
     -----
     Two-state dynamic programme along each block's chain, O(N) time and O(M) state:
     after access ``t`` the block is either stored (its interval into ``t`` was kept) or
-    not, and ``stored``/``free`` hold the best value so far in each state.
+    not, and ``stored``/``free`` hold the best value so far in each state. After a
+    block's last access, ``free`` holds the best over both states at that access.
     """
     stored = np.full(n_blocks, -np.inf, dtype=np.float64)
     free = np.zeros(n_blocks, dtype=np.float64)
@@ -175,4 +177,4 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
         else:
             stored[b] = -np.inf
         free[b] = best
-    return np.maximum(stored, free)
+    return free
