@@ -19,7 +19,8 @@ whose gap ``ts[u] - ts[t]`` is at most ``H`` (ties count, see
             (an infinite horizon only keeps a block as long as it is needed)
     value = gain - bytes x (write + read x reuses + occupancy x hold)
 
-It is the score for a clairvoyant ``value >= v`` admission policy. Windows of
+Every window value pays one write: it prices the decision "store the block now" on
+its own. It is the score for a clairvoyant ``value >= v`` admission policy. Windows of
 successive accesses overlap (a reuse lies in the window of every earlier access within
 ``H``), so window values must not be summed.
 
@@ -42,8 +43,10 @@ keep/drop schedule can reach with unbounded capacity, when a block may only be k
 across gaps of at most ``H`` (so that bound and schedule see the same reuses): per
 block, the best subset of its keepable intervals, each maximal run of kept intervals
 paying one write (:func:`kvtrace.kernels.future.best_keep_value`). With free writes it
-is the sum of the positive interval values (without tail and write terms); it is
-always >= max(0, total value).
+is the sum over keepable intervals of max(0, gain of the next access - bytes x (read +
+occupancy x gap)); it is always >= max(0, total value). (A sum of positive *window*
+values is no bound: it counts a reuse once for every earlier access whose window holds
+it.)
 
 Units: bytes = tokens a block occupies in a cache (its largest size in the trace) x
 KV bytes per token; seconds from trace start; $ at the GPU's $/GPU-hour. Costs are
@@ -161,8 +164,9 @@ class StorageCosts:
 
         TB = 10**12 bytes; a month = 730 hours.
         """
-        for name, value in (("write_dollars_per_tb", write_dollars_per_tb), ("read_dollars_per_tb", read_dollars_per_tb),
-                            ("occupancy_dollars_per_tb_month", occupancy_dollars_per_tb_month)):
+        given = {"write_dollars_per_tb": write_dollars_per_tb, "read_dollars_per_tb": read_dollars_per_tb,
+                 "occupancy_dollars_per_tb_month": occupancy_dollars_per_tb_month}
+        for name, value in given.items():
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise UsageError(f"expected a finite cost >= 0, got {value!r}", field=name)
         return cls(
@@ -255,11 +259,16 @@ class FutureReuse:
         ``bytes x (write + read x reuses + occupancy x hold_s)``, $.
     value_dollars : float64[N]
         Window value ``gain_dollars - cost_dollars``, $: the clairvoyant admission
-        score. Windows overlap; do not sum.
+        score (a ``value >= v`` policy admits a block when the value of its latest
+        access reaches ``v``). Windows overlap; do not sum.
     interval_gain_gpu_seconds : float64[N]
         GPU-seconds the *next* access avoids when it is within the horizon, else 0.
     interval_value_dollars : float64[N]
         Interval value, $ (module docstring); sums to the block's total value.
+    starts_stay : bool[N]
+        The access starts a stay of the time-to-live schedule (its previous access is
+        not within the horizon, or it has none): the block is written here. The other
+        accesses are the schedule's hits.
     horizon_s : float
         The horizon, seconds (inf allowed).
     costs : StorageCosts
@@ -282,6 +291,7 @@ class FutureReuse:
     value_dollars: np.ndarray
     interval_gain_gpu_seconds: np.ndarray
     interval_value_dollars: np.ndarray
+    starts_stay: np.ndarray
     horizon_s: float
     costs: StorageCosts
     info: dict = field(default_factory=dict)
@@ -319,6 +329,7 @@ class FutureReuse:
                 "value_dollars": self.value_dollars,
                 "interval_gain_gpu_seconds": self.interval_gain_gpu_seconds,
                 "interval_value_dollars": self.interval_value_dollars,
+                "starts_stay": self.starts_stay,
             }
         )
 
@@ -393,18 +404,18 @@ def future_reuse(
     own_s = g.gpu_seconds(coef_a * k.astype(np.float64) + coef_b * q.astype(np.float64))
     interval_gain = np.zeros(ts.shape[0], dtype=np.float64)
     interval_gain[keep] = own_s[next_t[keep]]
-    kept_into = np.zeros(ts.shape[0], dtype=bool)
-    kept_into[next_t[keep]] = True
+    starts_stay = np.ones(ts.shape[0], dtype=bool)
+    starts_stay[next_t[keep]] = False
     occupied = np.where(keep, next_gap, tail)
     interval_value = interval_gain * (g.dollars_per_hour / 3600.0) - fbytes * (
         c.read_dollars_per_byte * keep + c.occupancy_dollars_per_byte_second * occupied
-        + c.write_dollars_per_byte * ~kept_into)
+        + c.write_dollars_per_byte * starts_stay)
 
     return FutureReuse(
         block=a.block, timestamp_s=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
         hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_dollars=gain_d,
         cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
-        interval_value_dollars=interval_value, horizon_s=horizon, costs=c,
+        interval_value_dollars=interval_value, starts_stay=starts_stay, horizon_s=horizon, costs=c,
         info={"model": m.name, "kv_bytes_per_token": bpt, "gpu": g.name, "gpu_dollars_per_hour": g.dollars_per_hour,
               "gpu_effective_flops": g.effective_flops},
     )
@@ -528,10 +539,8 @@ def value_report(
     bytes_b = trace.block_size.astype(np.int64) * bpt
 
     keep = fr.keepable
-    kept_into = np.zeros(N, dtype=bool)
-    kept_into[fr.next_t[keep]] = True
     fbytes = fr.bytes.astype(np.float64)
-    write_acc = fbytes * c.write_dollars_per_byte * ~kept_into
+    write_acc = fbytes * c.write_dollars_per_byte * fr.starts_stay
     read_acc = fbytes * c.read_dollars_per_byte * keep
     occ_acc = fbytes * c.occupancy_dollars_per_byte_second * np.where(keep, fr.next_gap_s, tail)
 
@@ -556,7 +565,7 @@ def value_report(
             "last_seen_s": req_ts[a.request[last_t]],
             "accesses": accesses,
             "reused": accesses > 1,
-            "horizon_hits": np.bincount(block, weights=kept_into, minlength=M).astype(np.int64),
+            "horizon_hits": np.bincount(block, weights=~fr.starts_stay, minlength=M).astype(np.int64),
             "bytes": bytes_b,
             "gain_gpu_seconds": gain_s,
             "cost_dollars": cost,

@@ -65,11 +65,33 @@ def block_mix(block_hash, block_tenant):
 
 
 @njit(**NJIT)
-def _counts(block, n_blocks):
+def _strided_counts(block, n_blocks, step):
+    """Accesses per block among every ``step``-th access (finds the heavy blocks)."""
     counts = np.zeros(n_blocks, dtype=np.uint32)
-    for t in range(block.shape[0]):
+    for t in range(0, block.shape[0], step):
         counts[block[t]] += 1
     return counts
+
+
+@njit(**NJIT)
+def _tracked(bitmap, b):
+    return (bitmap[b >> 3] >> (b & 7)) & 1
+
+
+@njit(**NJIT)
+def _class_counts(block, bitmap, code, n_heavy):
+    """Exact accesses of each heavy block, and of sampled blocks."""
+    heavy = np.zeros(n_heavy, dtype=np.int64)
+    sampled = 0
+    for t in range(block.shape[0]):
+        b = block[t]
+        if _tracked(bitmap, b):
+            c = code[b]
+            if c >= 0:
+                sampled += 1
+            else:
+                heavy[HEAVY0 - c] += 1
+    return heavy, sampled
 
 
 @njit(**NJIT)
@@ -89,13 +111,15 @@ def _codes(block_hash, block_tenant, heavy_blocks, threshold):
 
 
 @njit(**NJIT)
-def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table):
+def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table, used):
     """Sum of sizes of the distinct blocks (other than ``exclude``) in two index ranges.
 
-    ``table`` is scratch space (a power-of-two length > 2x the ranges' length), -1 when
-    free; it is left all -1 again."""
+    ``table`` is scratch space (a power-of-two length > 2x the ranges' length), all -1
+    when free; ``used`` (as long as the ranges) records the slots filled, which are
+    reset before returning, so a call costs O(ranges' length)."""
     mask = table.shape[0] - 1
     total = 0
+    n_used = 0
     for part in range(2):
         lo, hi = (lo1, hi1) if part == 0 else (lo2, hi2)
         for u in range(lo, hi):
@@ -107,20 +131,11 @@ def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table):
                 j = (j + 1) & mask
             if table[j] == -1:
                 table[j] = x
+                used[n_used] = j
+                n_used += 1
                 total += size[x]
-    for part in range(2):  # clear only what was set
-        lo, hi = (lo1, hi1) if part == 0 else (lo2, hi2)
-        for u in range(lo, hi):
-            x = block[u]
-            j = (x * 0x9E3779B1) & mask
-            while table[j] != -1:
-                if table[j] == x:
-                    table[j] = -2  # tombstone until the sweep below
-                    break
-                j = (j + 1) & mask
-    for u in range(table.shape[0]):
-        if table[u] == -2:
-            table[u] = -1
+    for i in range(n_used):
+        table[used[i]] = -1
     return total
 
 
@@ -190,8 +205,8 @@ def _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, 
 
 
 @njit(**NJIT)
-def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_size, heavy_weight, stride, rate,
-                     window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
+def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap, heavy_size, heavy_weight, stride,
+                     rate, window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
                      out_t, out_dist, out_weight):
     """Estimated distances of the evaluated accesses, in trace order.
 
@@ -200,6 +215,9 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_
     code : int32[M]
         Per-block code: index among sampled blocks (>= 0), ``SKIPPED``, or
         ``HEAVY0 - h`` for heavy block h.
+    bitmap : uint8[ceil(M / 8)]
+        Bit b set iff block b is tracked (sampled or heavy): a test that stays in
+        cache, so the pass over untracked accesses costs little more than reading them.
     heavy_weight : float64[H]
         Weight of an evaluated access of each heavy block (its accesses / evaluated).
     stride : int
@@ -231,6 +249,7 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_
     while cap < 2 * window + 2:
         cap *= 2
     table = np.full(cap, -1, dtype=np.int64)
+    used = np.empty(window + 1, dtype=np.int64)
     clock = 0
     k = 0
     kept = np.empty(max_len, dtype=np.int64)  # the request's tracked accesses
@@ -240,9 +259,9 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_
         nk = 0
         for t in range(lo, hi):
             b = block[t]
-            c = code[b]
-            if c == SKIPPED:
+            if not _tracked(bitmap, b):
                 continue
+            c = code[b]
             kept[nk] = t
             nk += 1
             h = HEAVY0 - c  # heavy index, or < 0 for a sampled block (c = its index)
@@ -267,22 +286,34 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, heavy_
                         lo1, hi1, lo2, hi2 = pt + 1, t, 0, 0
                     if (hi1 - lo1) + (hi2 - lo2) <= window:
                         out_dist[k] = np.float64(size[b] + _distinct_tokens(block, size, lo1, hi1, lo2, hi2,
-                                                                            b, table))
+                                                                            b, table, used))
                     else:
                         out_dist[k] = _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets,
                                                 slot_size, slot_time, last_slot, scalars, inv_rate)
                 k += 1
             if not prefix_aware:
                 clock += 1
-                _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req,
-                       tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+                if h >= 0:  # the common case, kept out of the call
+                    heavy_last[h] = clock
+                    heavy_at[h] = t
+                    heavy_req[h] = r
+                else:
+                    _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
+                           last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
         if prefix_aware:  # tail-first
             for i in range(nk - 1, -1, -1):
                 t = kept[i]
                 b = block[t]
+                c = code[b]
                 clock += 1
-                _touch(t, r, b, code[b], clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
-                       last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+                h = HEAVY0 - c
+                if h >= 0:
+                    heavy_last[h] = clock
+                    heavy_at[h] = t
+                    heavy_req[h] = r
+                else:
+                    _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
+                           last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
     scalars[_CACHE_SLOT] = -1
     return k
 
@@ -327,26 +358,31 @@ def sample_distances(block, size, req_start, request, block_hash, block_tenant, 
     code : int32[M]  per-block code (sampled index, SKIPPED, or HEAVY0 - h)
     """
     M = size.shape[0]
-    counts = _counts(block, M)
-    need = int(np.ceil(1.0 / rate))
+    # Heavy blocks are found from every 8th access: a block with >= 1/R accesses in
+    # all shows about 1/(8R) of them there (the estimator stays unbiased whichever
+    # blocks are chosen; the choice only moves variance).
+    step = 8
+    counts = _strided_counts(block, M, step)
+    need = max(1, int(np.ceil(1.0 / rate / step)))
     cand = np.flatnonzero(counts >= need)
     heavy_blocks = np.sort(cand[np.argsort(-counts[cand].astype(np.int64), kind="stable")][:MAX_HEAVY])
+    del counts
     code, n_sampled_blocks = _codes(np.ascontiguousarray(block_hash, dtype=np.uint64),
                                     np.ascontiguousarray(block_tenant, dtype=np.int32),
                                     heavy_blocks.astype(np.int64), np.uint64(int(rate * (1 << 24) + 0.5)))
+    bitmap = np.packbits(code != SKIPPED, bitorder="little")
     stride = max(1, int(round(1.0 / rate)))
-    heavy_counts = counts[heavy_blocks].astype(np.int64)
+    heavy_counts, n_sampled = _class_counts(block, bitmap, code, heavy_blocks.shape[0])
     heavy_evaluated = (heavy_counts + stride - 1) // stride
     heavy_weight = heavy_counts / np.maximum(heavy_evaluated, 1)
-    n = int(heavy_evaluated.sum()) + int(counts[code >= 0].sum(dtype=np.int64))
-    del counts
+    n = int(heavy_evaluated.sum()) + int(n_sampled)
     state = StackState(n_sampled_blocks + 1)
     slot_time = np.zeros(state.slot_block.shape[0], dtype=np.int64)
     out_t = np.empty(n, dtype=np.int64)
     out_dist = np.empty(n, dtype=np.float64)
     out_w = np.empty(n, dtype=np.float64)
     max_len = int(np.diff(req_start).max()) if req_start.shape[0] > 1 else 0
-    k = shards_distances(block, size, req_start, max(max_len, 1), prefix_aware, code, size[heavy_blocks].astype(np.int64),
+    k = shards_distances(block, size, req_start, max(max_len, 1), prefix_aware, code, bitmap, size[heavy_blocks].astype(np.int64),
                          heavy_weight.astype(np.float64), stride, float(rate),
                          int(window if window is not None else round(4.0 / rate)), state.tree, state.offsets,
                          state.slot_block, state.slot_size, slot_time, state.last_slot, state.scalars,

@@ -1,0 +1,714 @@
+"""Exact event simulation of a DRAM tier over flash tiers (DESIGN §2 "Tier simulator").
+
+Everything here is in **tokens** (bytes = tokens x kv_bytes_per_token) and indexed by
+dense block id; no hashing on the hot path. The public wrapper is
+:func:`kvtrace.whatif.simulate`; this module is arrays in, arrays out.
+
+Tiers and lists
+---------------
+Each node ``n`` has a DRAM tier (list ``n``) and optionally a local SSD (list
+``N + n``); all nodes share one flash pool (list ``N x (1 + has_local)``). A tier is a
+doubly linked list over block ids (``lst[L, b] = prev, next, insert request, last-touch
+request``; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent) plus a
+token counter, so every event is O(1). ``prev = -1`` means "not in this tier".
+Memory: 16 bytes x (M + 1) per list, i.e. ``16 x M x (N x (1 + has_local) + has_flash)``
+bytes, plus 40 bytes x M of per-block state.
+
+Decisions
+---------
+Each access is decided against the tiers of its request's node: ``DRAM`` (0) if the
+block is in the node's DRAM, else ``LOCAL`` (1) if in its local SSD, else ``FLASH`` (2)
+if in the shared flash, else ``MISS`` (3). *Prefix-aware* (request-atomic, as
+:mod:`kvtrace.kernels.stackdist`): all accesses of a request are decided against the
+state at its arrival, then its blocks are touched; *flat*: each access is decided, then
+touched.
+
+Touch of a request (or, flat, of one access), in two passes, both tail-first:
+
+1. *pin*: a block in DRAM is unlinked (it is in use: it cannot be a victim while the
+   request's blocks are inserted); a flash hit (LOCAL/FLASH) is, with ``promote``,
+   removed from its flash tier (a move), with ``copy``/``none`` read in place (its last
+   touch updated; moved to most recent when that tier is LRU).
+2. *insert*: DRAM and MISS blocks, and flash hits unless promotion is ``none``, are
+   linked at DRAM's most-recent end. A MISS is written to the first flash tier under
+   write-through. After each insert, least-recent DRAM blocks are evicted until DRAM
+   fits; under write-on-evict a victim is written to the first flash tier below DRAM
+   (the local SSD if any, else the shared flash). A local-SSD victim is written to the
+   shared flash. A flash-tier victim is dropped.
+
+Pinning makes a request's own blocks victims only when the request alone overflows
+DRAM (then its tail blocks go first, as in the stack model). With one block size,
+admit-all, ``promote`` and write-on-evict, DRAM + flash is exactly one LRU of
+``C_d + C_f``: DRAM is an LRU of ``C_d`` (it sees every touch) and its victims enter
+flash at the most-recent end in LRU order.
+
+A write of block ``v`` into flash tier ``X`` happens iff ``v`` is not already in ``X``,
+fits in ``X`` (``size <= capacity``) and the admission policy admits it; such an
+attempt is a write *opportunity* (counted whether admitted or not). A block larger
+than a tier never enters it: for DRAM it passes through (counted as inserted and
+evicted at once, so write-on-evict still offers it to flash).
+
+Admission policies (``policy`` code, ``fp[F_PARAM]`` / ``ip[I_PARAM]``), evaluated on
+the block's state when the write is attempted; "last access" is the block's latest
+access so far (the current one when the block belongs to the request being served):
+
+- ``ALL`` / ``NONE``;
+- ``FREQ``: accesses of the block so far >= k;
+- ``PROB``: ``mix64(b ^ PROB_SEED) / 2**64 < p`` (a fixed decision per block id);
+- ``IDLE``: now - arrival of the last access < T seconds;
+- ``VALUE``: ``values[last access] >= v``;
+- ``ORACLE``: ``oracle_ok[last access]`` (see :func:`reuse_oracle_flags`);
+- ``TINYLFU``: admit if the tier has room, else iff the sketch estimate of the block
+  is strictly greater than that of the tier's next victim (its least-recent /
+  oldest block). Count-min sketch: 4 rows of width W (a power of two), indices
+  ``(h1 + i x h2) mod W`` from two mix64 hashes, 4-bit counters (saturating at 15)
+  incremented on every access; all counters are halved every ``10 x W`` accesses;
+  no doorkeeper;
+- ``GROUP``: the request group of the last access has an online re-reference
+  probability ``(re-referenced + 1) / (accesses + 2)`` >= threshold, where every
+  access counts one access of its request's group and, when the block had been
+  accessed before, one re-reference of the group of that previous access (the past
+  only; Laplace prior 1/2).
+
+Per-request accounting (in request order): the *usable prefix* is the accesses before
+the first MISS; its *level* is the running max of the decisions (so a DRAM block after
+a flash block counts at the flash level: DRAM alone would not have served it); the
+*reusable prefix* is the accesses before the first cold one (first access of the
+block; prefix-aware: not touched by an earlier request).
+
+Residency (measured events only; blocks still resident at the end are not counted):
+per tier (0 DRAM, 1 local SSD, 2 flash), ``hist[tier, 0]`` lifetime = exit request
+time - insert request time (exit by eviction or by a promotion out of the tier),
+``hist[tier, 1]`` idle before eviction = eviction time - last touch, ``hist[tier, 2]``
+reuse gap = time of a hit in the tier - last touch there. Bin i holds
+``edges[i] <= x < edges[i + 1]`` (last bin open).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from ..config import NJIT, NJIT_INLINE
+
+# decisions
+DRAM, LOCAL, FLASH, MISS = 0, 1, 2, 3
+# admission policies
+P_ALL, P_NONE, P_FREQ, P_PROB, P_IDLE, P_VALUE, P_ORACLE, P_TINYLFU, P_GROUP = range(9)
+# promotion on a flash hit
+PROMOTE, COPY, NO_PROMOTION = 0, 1, 2
+
+# integer parameters (ip)
+I_POLICY, I_PARAM, I_NODES, I_HAS_LOCAL, I_HAS_FLASH, I_FLASH_LRU, I_PROMOTION, I_WRITE_THROUGH = range(8)
+I_PREFIX, I_FIRST_MEASURED, I_BLOCK_TOKENS, I_HAS_VALUES, I_SKETCH_WIDTH = range(8, 13)
+N_IP = 13
+# float parameters (fp)
+F_PARAM = 0
+N_FP = 1
+
+# fields of a list row / of the per-block state
+_PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
+_TLAST, _COUNT, _FIRST_REQ, _PULLED, _MARK = 0, 1, 2, 3, 4
+ABSENT = -1
+
+PROB_SEED = 0x5851F42D4C957F2D
+SKETCH_SEED_1 = 0x2545F4914F6CDD1D
+SKETCH_SEED_2 = 0x9E6C63D0676A9A99
+SKETCH_MAX = 15
+SKETCH_RESET_FACTOR = 10
+
+#: Integer counters (measured period), in order: decisions per tier (block accesses),
+#: request branches (deepest tier of the usable prefix; miss = empty usable prefix),
+#: evictions, write opportunities, writes and promotions (counts and tokens).
+COUNT_NAMES = (
+    "acc_dram", "acc_local", "acc_flash", "acc_miss",
+    "req_dram", "req_local", "req_flash", "req_miss",
+    "evict_dram", "evict_local", "evict_flash",
+    "evict_dram_tokens", "evict_local_tokens", "evict_flash_tokens",
+    "offer_local", "offer_flash", "offer_local_tokens", "offer_flash_tokens",
+    "write_local", "write_flash", "write_local_tokens", "write_flash_tokens",
+    "promote_local", "promote_flash", "promote_local_tokens", "promote_flash_tokens",
+)
+_C = {name: i for i, name in enumerate(COUNT_NAMES)}
+C_ACC, C_REQ = _C["acc_dram"], _C["req_dram"]
+C_EVICT, C_EVICT_TOK = _C["evict_dram"], _C["evict_dram_tokens"]
+C_OFFER, C_OFFER_TOK = _C["offer_local"] - 1, _C["offer_local_tokens"] - 1  # indexed by tier 1, 2
+C_WRITE, C_WRITE_TOK = _C["write_local"] - 1, _C["write_local_tokens"] - 1
+C_PROMO, C_PROMO_TOK = _C["promote_local"] - 1, _C["promote_local_tokens"] - 1
+N_COUNTS = len(COUNT_NAMES)
+
+#: Float sums (measured period): usable-prefix weights per level (blocks, tokens,
+#: tokens the blocks occupy, position-token sum q), totals of all accesses, any-block
+#: tokens and occupied tokens per decision, and the value sums ($).
+_LEVELS = ("dram", "local", "flash")
+_WEIGHTS = ("blocks", "tokens", "size", "q")
+SUM_NAMES = (
+    tuple(f"prefix_{lv}_{w}" for lv in _LEVELS for w in _WEIGHTS)
+    + tuple(f"total_{w}" for w in _WEIGHTS)
+    + tuple(f"acc_{d}_{w}" for d in (*_LEVELS, "miss") for w in ("tokens", "size"))
+    + ("value_captured", "value_bound")
+)
+S_PREFIX = 0
+S_TOTAL = 12
+S_ACC = 16
+S_VALUE_CAPTURED, S_VALUE_BOUND = 24, 25
+N_SUMS = len(SUM_NAMES)
+
+#: Per-request columns: occupied tokens of the usable prefix by source tier, access
+#: tokens and q of its flash-sourced (local + shared) blocks, and of the reusable
+#: blocks beyond the usable prefix (recomputed).
+REQUEST_COLUMNS = ("src_dram_size", "src_local_size", "src_flash_size", "flash_tokens", "flash_q",
+                   "miss_tokens", "miss_q")
+R_SRC, R_FL_TOK, R_FL_Q, R_MISS_TOK, R_MISS_Q = 0, 3, 4, 5, 6
+N_REQ_COLS = len(REQUEST_COLUMNS)
+
+HIST_TIERS = ("dram", "local", "flash")
+HIST_METRICS = ("lifetime_s", "idle_before_eviction_s", "reuse_gap_s")
+#: Residency histogram edges, seconds: 0, then 1 ms .. 1e7 s at 4 bins per decade.
+HIST_EDGES = np.concatenate([[0.0], 10.0 ** (np.arange(-12, 29) / 4.0)])
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+@njit(**NJIT_INLINE)
+def _mix64(x):
+    """splitmix64 finaliser of ``x + golden`` (uint64 -> uint64)."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+@njit(**NJIT_INLINE)
+def _unit_hash(b):
+    """Deterministic uniform [0, 1) of a block id (the ``prob:p`` policy)."""
+    h = _mix64(np.uint64(b) ^ np.uint64(PROB_SEED))
+    return np.float64(h >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@njit(**NJIT_INLINE)
+def _sketch_slots(b, width):
+    h1 = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED_1))
+    h2 = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED_2)) | np.uint64(1)
+    mask = np.uint64(width - 1)
+    return h1, h2, mask
+
+
+@njit(**NJIT_INLINE)
+def _sketch_estimate(sketch, b):
+    h1, h2, mask = _sketch_slots(b, sketch.shape[1])
+    est = SKETCH_MAX
+    for i in range(4):
+        c = sketch[i, np.int64((h1 + np.uint64(i) * h2) & mask)]
+        if c < est:
+            est = c
+    return est
+
+
+@njit(**NJIT_INLINE)
+def _sketch_add(sketch, sk_ops, b):
+    width = sketch.shape[1]
+    h1, h2, mask = _sketch_slots(b, width)
+    for i in range(4):
+        j = np.int64((h1 + np.uint64(i) * h2) & mask)
+        if sketch[i, j] < SKETCH_MAX:
+            sketch[i, j] += 1
+    sk_ops[0] += 1
+    if sk_ops[0] >= SKETCH_RESET_FACTOR * width:
+        for i in range(4):
+            for j in range(width):
+                sketch[i, j] >>= 1
+        sk_ops[0] = 0
+
+
+@njit(**NJIT_INLINE)
+def _bin(edges, x):
+    """Largest i with edges[i] <= x (x >= 0)."""
+    lo = 0
+    hi = edges.shape[0]
+    while hi - lo > 1:
+        mid = (lo + hi) >> 1
+        if edges[mid] <= x:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@njit(**NJIT_INLINE)
+def _link_mru(lst, L, b, M):
+    p = lst[L, M, _PREV]
+    lst[L, p, _NEXT] = b
+    lst[L, b, _PREV] = p
+    lst[L, b, _NEXT] = M
+    lst[L, M, _PREV] = b
+
+
+@njit(**NJIT_INLINE)
+def _unlink(lst, L, b):
+    p = lst[L, b, _PREV]
+    n = lst[L, b, _NEXT]
+    lst[L, p, _NEXT] = n
+    lst[L, n, _PREV] = p
+    lst[L, b, _PREV] = ABSENT
+
+
+@njit(**NJIT_INLINE)
+def _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
+           oracle_ok, sketch):
+    policy = ip[I_POLICY]
+    if policy == P_ALL:
+        return True
+    if policy == P_NONE:
+        return False
+    t = bstat[v, _TLAST]
+    if policy == P_FREQ:
+        return bstat[v, _COUNT] >= ip[I_PARAM]
+    if policy == P_PROB:
+        return _unit_hash(v) < fp[F_PARAM]
+    if policy == P_IDLE:
+        return now - req_ts[request[t]] < fp[F_PARAM]
+    if policy == P_VALUE:
+        return values[t] >= fp[F_PARAM]
+    if policy == P_ORACLE:
+        return oracle_ok[t] != 0
+    if policy == P_TINYLFU:
+        if used[X] + size[v] <= cap[X]:
+            return True
+        M = lst.shape[1] - 1
+        return _sketch_estimate(sketch, v) > _sketch_estimate(sketch, lst[X, M, _NEXT])
+    g = req_group[request[t]]
+    return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
+
+
+@njit(**NJIT_INLINE)
+def _evict_lru(X, tier, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges):
+    """Evict the least-recent block of list X; returns it."""
+    M = lst.shape[1] - 1
+    w = lst[X, M, _NEXT]
+    _unlink(lst, X, w)
+    s = size[w]
+    used[X] -= s
+    if tier == 0:
+        bstat[w, _PULLED] = -1
+    if meas:
+        cnt[C_EVICT + tier] += 1
+        cnt[C_EVICT_TOK + tier] += s
+        hist[tier, 0, _bin(edges, now - req_ts[lst[X, w, _INS]])] += 1
+        hist[tier, 1, _bin(edges, now - req_ts[lst[X, w, _TCH]])] += 1
+    return w
+
+
+@njit(**NJIT_INLINE)
+def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+               gstat, values, oracle_ok, sketch, cnt, sums):
+    """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
+    if lst[X, v, _PREV] != ABSENT:
+        return False
+    s = size[v]
+    if s > cap[X]:
+        return False
+    val = values[bstat[v, _TLAST]] if ip[I_HAS_VALUES] else 0.0
+    if meas:
+        cnt[C_OFFER + tier] += 1
+        cnt[C_OFFER_TOK + tier] += s
+        if val > 0:
+            sums[S_VALUE_BOUND] += val
+    if not _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
+                  oracle_ok, sketch):
+        return False
+    M = lst.shape[1] - 1
+    _link_mru(lst, X, v, M)
+    lst[X, v, _INS] = r
+    lst[X, v, _TCH] = r
+    used[X] += s
+    if meas:
+        cnt[C_WRITE + tier] += 1
+        cnt[C_WRITE_TOK + tier] += s
+        sums[S_VALUE_CAPTURED] += val
+    return True
+
+
+@njit(**NJIT_INLINE)
+def _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
+                 oracle_ok, sketch, cnt, sums, hist, edges):
+    F = ip[I_NODES] * (1 + ip[I_HAS_LOCAL])
+    if _try_write(v, F, 2, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+                  gstat, values, oracle_ok, sketch, cnt, sums):
+        while used[F] > cap[F]:
+            _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+
+
+@njit(**NJIT)
+def _write_below_dram(n, v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
+                      values, oracle_ok, sketch, cnt, sums, hist, edges):
+    """Write v into the first flash tier below node n's DRAM (local SSD, else shared)."""
+    if ip[I_HAS_LOCAL]:
+        X = ip[I_NODES] + n
+        if _try_write(v, X, 1, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+                      gstat, values, oracle_ok, sketch, cnt, sums):
+            while used[X] > cap[X]:
+                w = _evict_lru(X, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+                if ip[I_HAS_FLASH]:
+                    _write_flash(w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+                                 gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+    elif ip[I_HAS_FLASH]:
+        _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
+                     values, oracle_ok, sketch, cnt, sums, hist, edges)
+
+
+# --------------------------------------------------------------------------- kernel
+
+
+@njit(**NJIT)
+def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, req_group, values, oracle_ok,
+              edges, ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
+              decision, req_level, req_out, cnt, sums, hist):
+    n_req = req_start.shape[0] - 1
+    N = ip[I_NODES]
+    has_local = ip[I_HAS_LOCAL] != 0
+    has_flash = ip[I_HAS_FLASH] != 0
+    local0 = N
+    F = N * (1 + ip[I_HAS_LOCAL])
+    flash_lru = ip[I_FLASH_LRU] != 0
+    promotion = ip[I_PROMOTION]
+    write_through = ip[I_WRITE_THROUGH] != 0
+    prefix_aware = ip[I_PREFIX] != 0
+    first_measured = ip[I_FIRST_MEASURED]
+    B = np.float64(ip[I_BLOCK_TOKENS])
+    policy = ip[I_POLICY]
+    use_sketch = policy == P_TINYLFU
+    use_groups = policy == P_GROUP
+    M = lst.shape[1] - 1
+    for r in range(n_req):
+        lo = req_start[r]
+        hi = req_start[r + 1]
+        n = req_node[r]
+        D = n
+        Lc = local0 + n
+        now = req_ts[r]
+        meas = r >= first_measured
+        usable = True
+        reusable = True
+        level = 0
+        n_touch_groups = 1 if prefix_aware else hi - lo
+        for k in range(n_touch_groups):
+            if prefix_aware:
+                a, z = lo, hi
+            else:
+                a, z = lo + k, lo + k + 1
+            stamp = a
+            # ---- decide
+            for t in range(a, z):
+                b = block[t]
+                s = size[b]
+                tl = bstat[b, _TLAST]
+                if use_groups:
+                    if tl >= 0:
+                        gstat[req_group[request[tl]], 1] += 1
+                    gstat[req_group[r], 0] += 1
+                if prefix_aware:
+                    cold = bstat[b, _FIRST_REQ] < 0 or bstat[b, _FIRST_REQ] == r
+                else:
+                    cold = bstat[b, _COUNT] == 0
+                bstat[b, _COUNT] += 1
+                bstat[b, _TLAST] = t
+                if bstat[b, _FIRST_REQ] < 0:
+                    bstat[b, _FIRST_REQ] = r
+                if use_sketch:
+                    _sketch_add(sketch, sk_ops, b)
+                if lst[D, b, _PREV] != ABSENT:
+                    d = DRAM
+                    X = D
+                elif has_local and lst[Lc, b, _PREV] != ABSENT:
+                    d = LOCAL
+                    X = Lc
+                elif has_flash and lst[F, b, _PREV] != ABSENT:
+                    d = FLASH
+                    X = F
+                else:
+                    d = MISS
+                    X = -1
+                decision[t] = d
+                # ---- per-request accounting (in request order in both models)
+                kt = np.float64(tokens[t])
+                q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
+                if meas:
+                    if X >= 0:
+                        hist[d, 2, _bin(edges, now - req_ts[lst[X, b, _TCH]])] += 1
+                    cnt[C_ACC + d] += 1
+                    sums[S_TOTAL] += 1.0
+                    sums[S_TOTAL + 1] += kt
+                    sums[S_TOTAL + 2] += s
+                    sums[S_TOTAL + 3] += q
+                    sums[S_ACC + 2 * d] += kt
+                    sums[S_ACC + 2 * d + 1] += s
+                if cold:
+                    reusable = False
+                if usable and d == MISS:
+                    usable = False
+                if usable:
+                    if d > level:
+                        level = d
+                    if meas:
+                        base = S_PREFIX + 4 * level
+                        sums[base] += 1.0
+                        sums[base + 1] += kt
+                        sums[base + 2] += s
+                        sums[base + 3] += q
+                    req_out[r, R_SRC + d] += s
+                    if d != DRAM:
+                        req_out[r, R_FL_TOK] += kt
+                        req_out[r, R_FL_Q] += q
+                elif reusable:
+                    req_out[r, R_MISS_TOK] += kt
+                    req_out[r, R_MISS_Q] += q
+            # ---- touch, pass 1 (tail-first): pin DRAM blocks, promote or read flash hits
+            for t in range(z - 1, a - 1, -1):
+                b = block[t]
+                s = size[b]
+                first = bstat[b, _MARK] != stamp
+                bstat[b, _MARK] = stamp
+                if lst[D, b, _PREV] != ABSENT:
+                    _unlink(lst, D, b)
+                    used[D] -= s
+                    bstat[b, _PULLED] = stamp
+                    continue
+                d = decision[t]
+                if d == LOCAL or d == FLASH:
+                    X = Lc if d == LOCAL else F
+                    if lst[X, b, _PREV] == ABSENT:
+                        continue
+                    if promotion == PROMOTE:
+                        _unlink(lst, X, b)
+                        used[X] -= s
+                        if meas:
+                            cnt[C_PROMO + d] += 1
+                            cnt[C_PROMO_TOK + d] += s
+                            hist[d, 0, _bin(edges, now - req_ts[lst[X, b, _INS]])] += 1
+                    else:
+                        if flash_lru:
+                            _unlink(lst, X, b)
+                            _link_mru(lst, X, b, M)
+                        lst[X, b, _TCH] = r
+                        if meas and promotion == COPY and first:
+                            cnt[C_PROMO + d] += 1
+                            cnt[C_PROMO_TOK + d] += s
+            # ---- touch, pass 2 (tail-first): insert into DRAM, evict, write below
+            for t in range(z - 1, a - 1, -1):
+                d = decision[t]
+                if promotion == NO_PROMOTION and (d == LOCAL or d == FLASH):
+                    continue
+                b = block[t]
+                s = size[b]
+                if s > cap[D]:  # never fits: passes through DRAM (inserted and evicted at once)
+                    if meas:
+                        cnt[C_EVICT] += 1
+                        cnt[C_EVICT_TOK] += s
+                        hist[0, 0, 0] += 1
+                        hist[0, 1, 0] += 1
+                    if d == MISS or not write_through:
+                        _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
+                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                    continue
+                if lst[D, b, _PREV] != ABSENT:  # repeated in this touch group
+                    _unlink(lst, D, b)
+                    _link_mru(lst, D, b, M)
+                    lst[D, b, _TCH] = r
+                    continue
+                _link_mru(lst, D, b, M)
+                used[D] += s
+                if bstat[b, _PULLED] != stamp:
+                    lst[D, b, _INS] = r
+                lst[D, b, _TCH] = r
+                if write_through and d == MISS:
+                    _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
+                                      req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                while used[D] > cap[D]:
+                    w = _evict_lru(D, 0, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+                    if not write_through:
+                        _write_below_dram(n, w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
+                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+        # ---- request branch: deepest tier of the usable prefix, miss if empty
+        branch = MISS
+        if hi > lo and decision[lo] != MISS:
+            branch = level
+        req_level[r] = branch
+        if meas:
+            cnt[C_REQ + branch] += 1
+
+
+@njit(**NJIT)
+def next_access(block, n_blocks):
+    """int64[N]: index of the next access of the same block (-1 if none)."""
+    out = np.empty(block.shape[0], dtype=np.int64)
+    seen = np.full(n_blocks, -1, dtype=np.int64)
+    for t in range(block.shape[0] - 1, -1, -1):
+        b = block[t]
+        out[t] = seen[b]
+        seen[b] = t
+    return out
+
+
+def reuse_oracle_flags(block, n_blocks, decision_all):
+    """The ``reuse-oracle`` admission input: int8[N], 1 at access t iff the block's
+    next access exists and was served from a flash tier (LOCAL or FLASH) in the
+    admit-all run whose decisions are ``decision_all``."""
+    nxt = next_access(np.ascontiguousarray(block, dtype=np.int64), int(n_blocks))
+    ok = np.zeros(nxt.shape[0], dtype=np.int8)
+    has = nxt >= 0
+    d = decision_all[nxt[has]]
+    ok[has] = ((d == LOCAL) | (d == FLASH)).astype(np.int8)
+    return ok
+
+
+def sketch_width(flash_tokens: int, block_tokens: int, n_blocks: int) -> int:
+    """Width of the TinyLFU sketch: the power of two >= 4 x the flash capacity in full
+    blocks (at most 4 x the trace's distinct blocks, at least 16)."""
+    cap_blocks = -(-int(flash_tokens) // max(1, int(block_tokens)))
+    want = 4 * max(1, min(cap_blocks, max(1, int(n_blocks))))
+    return max(16, 1 << (want - 1).bit_length())
+
+
+class TierRun(NamedTuple):
+    """Raw outputs of :func:`simulate_tiers`.
+
+    decision : int8[N] — DRAM/LOCAL/FLASH/MISS of every access (warm-up included).
+    req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
+        the usable prefix is empty).
+    req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included).
+    counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
+    sums : dict name -> float (:data:`SUM_NAMES`, measured period).
+    hist : int64[3, 3, len(edges)] — residency counts [tier, metric, bin].
+    """
+
+    decision: np.ndarray
+    req_level: np.ndarray
+    req_out: np.ndarray
+    counts: dict
+    sums: dict
+    hist: np.ndarray
+
+
+def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
+                   dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
+                   write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
+                   oracle_ok=None, sketch_width=16, edges=HIST_EDGES) -> TierRun:
+    """Run the tier simulation over a whole trace (see the module docstring).
+
+    Parameters
+    ----------
+    block, request, tokens, pos : int[N]
+        Canonical access table columns (dense block id, request row, access tokens,
+        block position in its request).
+    size : int64[M]
+        Tokens each block occupies in a cache.
+    req_start : int64[R+1]
+        Request offsets.
+    req_ts : float64[R]
+        Request arrival, seconds.
+    req_node : int[R]
+        Node serving each request, 0..n_nodes-1.
+    block_tokens : int
+        Tokens of a full block (for positions: a block at position j starts at j x B).
+    prefix_aware : bool
+        Request-atomic model (True) or flat (False).
+    dram, local, flash : int
+        Capacities in tokens: DRAM and local SSD per node, shared flash (0 = no tier;
+        a DRAM of 0 holds nothing).
+    policy : int
+        Admission policy code (``P_*``); ``param`` its parameter (k for ``P_FREQ``).
+    flash_lru : bool
+        Flash tiers evict least-recently used (True) or first-in first-out (False).
+    promotion : int
+        ``PROMOTE``, ``COPY`` or ``NO_PROMOTION``.
+    write_through : bool
+        Write misses to flash at insert (True) or DRAM victims at eviction (False).
+    first_measured : int
+        Requests before it only warm the tiers (counters, sums and histograms skip them).
+    req_group : int32[R], optional
+        Group of each request (``P_GROUP``), 0..n_groups-1.
+    values : float64[N], optional
+        Value ($) of keeping the block after each access (``P_VALUE``; value sums).
+    oracle_ok : int8[N], optional
+        :func:`reuse_oracle_flags` of the admit-all run (``P_ORACLE``).
+    sketch_width : int
+        TinyLFU sketch width (a power of two).
+    """
+    block = np.ascontiguousarray(block, dtype=np.int64)
+    size = np.ascontiguousarray(size, dtype=np.int64)
+    req_start = np.ascontiguousarray(req_start, dtype=np.int64)
+    n_acc = block.shape[0]
+    n_req = req_start.shape[0] - 1
+    M = size.shape[0]
+    N = int(n_nodes)
+    has_local = int(local) > 0
+    has_flash = int(flash) > 0
+    n_lists = N * (1 + int(has_local)) + int(has_flash)
+    cap = np.zeros(n_lists, dtype=np.int64)
+    cap[:N] = int(dram)
+    if has_local:
+        cap[N:2 * N] = int(local)
+    if has_flash:
+        cap[-1] = int(flash)
+    lst = np.empty((n_lists, M + 1, 4), dtype=np.int32)
+    lst[:, :, _PREV] = ABSENT
+    lst[:, :, _NEXT] = ABSENT
+    lst[:, :, _INS] = 0
+    lst[:, :, _TCH] = 0
+    lst[:, M, _PREV] = M
+    lst[:, M, _NEXT] = M
+    bstat = np.zeros((M, 5), dtype=np.int64)
+    bstat[:, _TLAST] = -1
+    bstat[:, _FIRST_REQ] = -1
+    bstat[:, _PULLED] = -1
+    bstat[:, _MARK] = -1
+    ip = np.zeros(N_IP, dtype=np.int64)
+    ip[I_POLICY] = int(policy)
+    ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
+    ip[I_NODES] = N
+    ip[I_HAS_LOCAL] = int(has_local)
+    ip[I_HAS_FLASH] = int(has_flash)
+    ip[I_FLASH_LRU] = int(bool(flash_lru))
+    ip[I_PROMOTION] = int(promotion)
+    ip[I_WRITE_THROUGH] = int(bool(write_through))
+    ip[I_PREFIX] = int(bool(prefix_aware))
+    ip[I_FIRST_MEASURED] = int(first_measured)
+    ip[I_BLOCK_TOKENS] = int(block_tokens)
+    ip[I_HAS_VALUES] = int(values is not None)
+    ip[I_SKETCH_WIDTH] = int(sketch_width)
+    fp = np.zeros(N_FP, dtype=np.float64)
+    fp[F_PARAM] = float(param)
+    use_sketch = int(policy) == P_TINYLFU
+    sketch = np.zeros((4, int(sketch_width) if use_sketch else 1), dtype=np.uint8)
+    if use_sketch and (int(sketch_width) & (int(sketch_width) - 1)):
+        raise ValueError("the sketch width must be a power of two")
+    gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
+    req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
+                 else np.ascontiguousarray(req_group, dtype=np.int32))
+    values = np.zeros(0, dtype=np.float64) if values is None else np.ascontiguousarray(values, dtype=np.float64)
+    oracle_ok = (np.zeros(0, dtype=np.int8) if oracle_ok is None
+                 else np.ascontiguousarray(oracle_ok, dtype=np.int8))
+    if int(policy) == P_VALUE and values.shape[0] != n_acc:
+        raise ValueError("the value policy needs one value per access")
+    if int(policy) == P_ORACLE and oracle_ok.shape[0] != n_acc:
+        raise ValueError("the reuse-oracle policy needs one flag per access")
+    decision = np.full(n_acc, MISS, dtype=np.int8)
+    req_level = np.full(n_req, MISS, dtype=np.int8)
+    req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
+    cnt = np.zeros(N_COUNTS, dtype=np.int64)
+    sums = np.zeros(N_SUMS, dtype=np.float64)
+    edges = np.ascontiguousarray(edges, dtype=np.float64)
+    hist = np.zeros((3, 3, edges.shape[0]), dtype=np.int64)
+    if n_req > 0:
+        _simulate(block, size, req_start, np.ascontiguousarray(request, dtype=np.int64),
+                  np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64),
+                  np.ascontiguousarray(req_ts, dtype=np.float64), np.ascontiguousarray(req_node, dtype=np.int64),
+                  req_group, values, oracle_ok, edges, ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64),
+                  bstat, gstat, sketch, np.zeros(1, dtype=np.int64),
+                  decision, req_level, req_out, cnt, sums, hist)
+    return TierRun(decision, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
+                   dict(zip(SUM_NAMES, sums.tolist())), hist)
