@@ -581,3 +581,31 @@ def test_curve_by_session_length_without_sessions(tmp_path):
     one_line_error(run("curve", CHAT, "--by", "session-length", "--out", out, columns=80), 1,
                    "'by'", "session")
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------- value
+
+
+def test_value_json_and_tables_equal_the_library(tmp_path):
+    from kvtrace.ingest import load_trace
+    from kvtrace.value import StorageCosts, value_report
+
+    blocks, prefixes = tmp_path / "b.parquet", tmp_path / "p.csv"
+    res = run("value", CHAT, "--horizon", "10min", "--write-cost", "1", "--occupancy-cost", "5",
+              "--out", blocks, "--prefixes-out", prefixes, "--json", tmp_path / "v.json")
+    ok(res)
+    want = value_report(load_trace(CHAT), horizon_s=600.0,
+                        costs=StorageCosts.per_tb(write_dollars_per_tb=1.0, occupancy_dollars_per_tb_month=5.0))
+    assert_frame_equal(pl.read_parquet(blocks), want.per_block, check_exact=True)
+    assert_frame_equal(pl.read_csv(prefixes, schema=want.per_prefix.schema), want.per_prefix, check_exact=False)
+    got = json.loads((tmp_path / "v.json").read_text())
+    assert got["summary"]["never_reused_bytes"] == want.summary["never_reused_bytes"]
+    assert got["summary"]["total_value_dollars"] == pytest.approx(want.summary["total_value_dollars"], rel=1e-12)
+    assert got["summary"]["horizon_s"] == 600.0
+
+
+def test_value_bad_options(tmp_path):
+    missing = tmp_path / "not-read.jsonl"
+    one_line_error(run("value", missing, "--horizon", "soon", columns=80), 2, "horizon")
+    one_line_error(run("value", missing, "--out", "v.txt", columns=80), 2, "unsupported output file")
+    assert list(tmp_path.iterdir()) == []

@@ -513,6 +513,117 @@ def _render_groups(result) -> None:
     console.print(t)
 
 
+# ---------------------------------------------------------------------------- value
+@app.command()
+@handles_errors
+def value(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    model: Optional[str] = ModelOpt,
+    kv_bytes_per_token: Optional[int] = KvBytesOpt,
+    dtype: Optional[str] = DtypeOpt,
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset that prices the compute a reuse avoids."),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="Prefill model FLOPs utilisation (0-1]."),
+    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="$ per GPU-hour."),
+    horizon: str = typer.Option("1h", "--horizon", help="Count reuses up to this far ahead: 90s, 10min, 2h or inf."),
+    write_cost: Optional[float] = typer.Option(None, "--write-cost", help="$ per TB written to the tier (default 0.20, illustrative)."),
+    read_cost: Optional[float] = typer.Option(None, "--read-cost", help="$ per TB read from the tier (default 0)."),
+    occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="$ per TB-month stored (default 20, illustrative)."),
+    top: int = typer.Option(10, "--top", min=1, help="How many prefixes to list."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the per-block table: .parquet, .csv or .json."),
+    prefixes_out: Optional[Path] = typer.Option(None, "--prefixes-out", help="Write the per-prefix rollup (.parquet/.csv/.json)."),
+    accesses_out: Optional[Path] = typer.Option(None, "--accesses-out", help="Write per-access next use, reuses and value (.parquet/.csv/.json)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the summary and top prefixes as JSON ('-' = stdout only)."),
+    fmt: Fmt = FormatOpt,
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Future-reuse value: which blocks are worth keeping, and which prompts are one-shot.
+
+    Per access: the next use, the reuses within the horizon and the value of keeping
+    the block = compute those reuses avoid - write, read and occupancy costs. Per block
+    and per prefix family: total value, value per byte and the clairvoyant bound.
+    """
+    from .model import resolve_gpu
+    from .outputs import table_format, write_table
+    from .value import DEFAULT_COSTS, StorageCosts, parse_horizon, value_report
+
+    for p in (out, prefixes_out, accesses_out):
+        if p is not None:
+            table_format(p)
+    h = parse_horizon(horizon)
+    base = DEFAULT_COSTS.to_dict()
+    costs = StorageCosts.per_tb(
+        write_dollars_per_tb=base["write_dollars_per_tb"] if write_cost is None else write_cost,
+        read_dollars_per_tb=base["read_dollars_per_tb"] if read_cost is None else read_cost,
+        occupancy_dollars_per_tb_month=base["occupancy_dollars_per_tb_month"] if occupancy_cost is None
+        else occupancy_cost,
+    )
+    m = _model(model, kv_bytes_per_token, dtype)
+    g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants)
+    t0 = time.perf_counter()
+    result = value_report(trace, model=m, gpu=g, horizon_s=h, costs=costs)
+    elapsed = time.perf_counter() - t0
+    if json_out == "-":
+        _write_json("-", result.to_dict(top))
+    else:
+        _render_value(trace_path, result, top, elapsed)
+    if out is not None:
+        write_table(result.per_block, out, metadata=result.summary)
+    if prefixes_out is not None:
+        write_table(result.per_prefix, prefixes_out, metadata=result.summary)
+    if accesses_out is not None:
+        write_table(result.future.table(), accesses_out, metadata=result.summary)
+    if json_out and json_out != "-":
+        _write_json(json_out, result.to_dict(top))
+    for label, p in (("blocks", out), ("prefixes", prefixes_out), ("accesses", accesses_out), ("json", json_out)):
+        if p is not None and p != "-":
+            err_console.print(f"wrote {label}: {p}", markup=False)
+
+
+def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
+    s = result.summary
+    horizon = "infinite" if s.get("horizon_s") is None else format_seconds(s["horizon_s"])
+    t = Table(title=f"{trace_path.name}: future-reuse value ({s['model']}, {s['gpu']}, horizon {horizon})",
+              show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    money = lambda x: "-" if x is None else f"${x:,.2f}"  # noqa: E731
+    rows = [
+        ("blocks / prefix families", f"{s['blocks']:,} / {s['prefixes']:,}"),
+        ("distinct bytes", format_bytes(s["distinct_bytes"])),
+        ("bytes never reused (one-shot)", f"{format_bytes(s['never_reused_bytes'])} "
+                                          f"({_fmt_rate(s['never_reused_bytes_share'])})"),
+        ("accesses with no reuse within the horizon", _fmt_rate(s["no_reuse_in_horizon_access_share"])),
+        ("compute a keep-for-the-horizon cache avoids", money(s["gain_dollars"])),
+        ("write + read + occupancy cost", money(s["write_cost_dollars"] + s["read_cost_dollars"]
+                                                + s["occupancy_cost_dollars"])),
+        ("net value of keeping for the horizon", money(s["total_value_dollars"])),
+        ("clairvoyant bound (best keep/drop per block)", money(s["clairvoyant_bound_dollars"])),
+        ("bytes in blocks of negative value", _fmt_rate(s["negative_value_bytes_share"])),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    console.print(t)
+    q = s.get("value_per_byte_quantiles") or {}
+    if q:
+        qt = Table(title="value density, $ per TB kept (quantiles over bytes)")
+        for k in q:
+            qt.add_column(k, justify="right")
+        qt.add_row(*["-" if v is None else f"{v * 1e12:,.2f}" for v in q.values()])
+        console.print(qt)
+    pt = Table(title=f"top {top} prefix families by value")
+    for c in ("root hash", "blocks", "bytes", "accesses", "never reused", "value", "$ per TB", "bound"):
+        pt.add_column(c, justify="right")
+    for r in result.top_prefixes(top).iter_rows(named=True):
+        pt.add_row(str(r["root_hash"]), f"{r['blocks']:,}", format_bytes(r["bytes"]), f"{r['accesses']:,}",
+                   format_bytes(r["never_reused_bytes"]), money(r["total_value_dollars"]),
+                   "-" if r["value_per_byte"] is None else f"{r['value_per_byte'] * 1e12:,.2f}",
+                   money(r["clairvoyant_value_dollars"]))
+    console.print(pt)
+    console.print(f"[dim]computed in {elapsed:.2f} s[/dim]")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

@@ -86,6 +86,7 @@ reuse gap = time of a hit in the tier - last touch there. Bin i holds
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -166,8 +167,12 @@ N_REQ_COLS = len(REQUEST_COLUMNS)
 
 HIST_TIERS = ("dram", "local", "flash")
 HIST_METRICS = ("lifetime_s", "idle_before_eviction_s", "reuse_gap_s")
-#: Residency histogram edges, seconds: 0, then 1 ms .. 1e7 s at 4 bins per decade.
-HIST_EDGES = np.concatenate([[0.0], 10.0 ** (np.arange(-12, 29) / 4.0)])
+#: Residency histogram edges, seconds: 0, then one bin per octave from 2**-10 s
+#: (~1 ms) to 2**26 s (~2 years, open last bin). Powers of two make the bin of a time
+#: exact and cheap (its binary exponent).
+HIST_MIN_EXP, HIST_MAX_EXP = -10, 26
+HIST_EDGES = np.concatenate([[0.0], 2.0 ** np.arange(HIST_MIN_EXP, HIST_MAX_EXP + 1)])
+_HIST_LOW = 2.0 ** HIST_MIN_EXP
 
 
 # --------------------------------------------------------------------------- helpers
@@ -226,16 +231,14 @@ def _sketch_add(sketch, sk_ops, b):
 
 @njit(**NJIT_INLINE)
 def _bin(edges, x):
-    """Largest i with edges[i] <= x (x >= 0)."""
-    lo = 0
-    hi = edges.shape[0]
-    while hi - lo > 1:
-        mid = (lo + hi) >> 1
-        if edges[mid] <= x:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+    """Histogram bin of x >= 0 seconds: 0 below 2**HIST_MIN_EXP, then one bin per
+    octave ([2**e, 2**(e+1))), the last one open (equals bisecting ``edges``)."""
+    if x < _HIST_LOW:
+        return 0
+    e = math.frexp(x)[1]  # 2**(e-1) <= x < 2**e
+    i = e - HIST_MIN_EXP
+    last = edges.shape[0] - 1
+    return i if i < last else last
 
 
 @njit(**NJIT_INLINE)
@@ -596,7 +599,7 @@ class TierRun(NamedTuple):
 def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16, edges=HIST_EDGES) -> TierRun:
+                   oracle_ok=None, sketch_width=16) -> TierRun:
     """Run the tier simulation over a whole trace (see the module docstring).
 
     Parameters
@@ -701,7 +704,7 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
     cnt = np.zeros(N_COUNTS, dtype=np.int64)
     sums = np.zeros(N_SUMS, dtype=np.float64)
-    edges = np.ascontiguousarray(edges, dtype=np.float64)
+    edges = HIST_EDGES
     hist = np.zeros((3, 3, edges.shape[0]), dtype=np.int64)
     if n_req > 0:
         _simulate(block, size, req_start, np.ascontiguousarray(request, dtype=np.int64),
