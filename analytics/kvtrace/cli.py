@@ -190,11 +190,14 @@ def ingest(
     Every other command reads the source formats directly; ingest once to skip
     re-parsing large JSONL files.
     """
-    from .ingest import write_canonical
+    from .ingest import build_trace, load_requests, write_canonical
 
     t0 = time.perf_counter()
-    trace = _load(src, fmt, block_tokens, share_tenants)
-    write_canonical(trace, None, out)
+    df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants)
+    for w in warnings:
+        err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
+    write_canonical(df, meta, out)  # before the access table exists: a lower peak of memory
+    trace = build_trace(df, meta, warnings)
     dt = time.perf_counter() - t0
     console.print(
         f"wrote {out}: {trace.n_requests:,} requests, {trace.n_accesses:,} block accesses, "

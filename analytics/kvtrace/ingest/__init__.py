@@ -13,14 +13,14 @@ from pathlib import Path
 
 from ..errors import KvtraceError
 from ..trace import Trace, TraceMeta
-from .canonical import read_metadata, requests_to_trace, write_canonical
+from .canonical import build_trace, prepare_requests, read_metadata, requests_to_trace, write_canonical
 from .jsonl import first_record, jsonl_source, read_bailian, read_mooncake, scan_for_error
 from .tabular import from_generic, read_canonical, read_table
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
 
-__all__ = ["FORMATS", "detect_format", "load_trace", "read_requests", "requests_to_trace", "write_canonical",
-           "read_metadata"]
+__all__ = ["FORMATS", "build_trace", "detect_format", "load_requests", "load_trace", "prepare_requests",
+           "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
 
 
 def detect_format(path: str | os.PathLike) -> str:
@@ -77,6 +77,30 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
     return df, meta, None, fmt
 
 
+def load_requests(
+    path: str | os.PathLike,
+    *,
+    fmt: str = "auto",
+    block_tokens: int | None = None,
+    share_tenants: bool = False,
+) -> tuple:
+    """Read and validate a trace's request table, in trace order, without building
+    the access table: (request table, meta, warnings). See :func:`load_trace`."""
+    p = str(path)
+    df, meta, data, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens)
+    if share_tenants != meta.share_tenants:
+        meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
+    try:
+        df, warn = prepare_requests(df, meta, source=p, already_relative=kind == "canonical")
+    except KvtraceError:
+        if data is not None:  # name the line, not the row
+            err = scan_for_error(data, p, kind)
+            if err is not None:
+                raise err from None
+        raise
+    return df, meta, warn
+
+
 def load_trace(
     path: str | os.PathLike,
     *,
@@ -103,15 +127,5 @@ def load_trace(
     -------
     Trace
     """
-    p = str(path)
-    df, meta, data, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens)
-    if share_tenants != meta.share_tenants:
-        meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
-    try:
-        return requests_to_trace(df, meta, source=p, already_relative=kind == "canonical")
-    except KvtraceError:
-        if data is not None:  # name the line, not the row
-            err = scan_for_error(data, p, kind)
-            if err is not None:
-                raise err from None
-        raise
+    df, meta, warn = load_requests(path, fmt=fmt, block_tokens=block_tokens, share_tenants=share_tenants)
+    return build_trace(df, meta, warn)

@@ -42,6 +42,23 @@ def requests_to_trace(
 ) -> Trace:
     """Validate a canonical request table and build the trace.
 
+    :func:`prepare_requests` then :func:`build_trace`; see them for the parameters.
+    """
+    df, warn = prepare_requests(df, meta, source=source, row_to_line=row_to_line,
+                                already_relative=already_relative)
+    return build_trace(df, meta, warn)
+
+
+def prepare_requests(
+    df: pl.DataFrame,
+    meta: TraceMeta,
+    *,
+    source: str | None = None,
+    row_to_line: np.ndarray | None = None,
+    already_relative: bool = True,
+) -> tuple[pl.DataFrame, list[str]]:
+    """Validate a canonical request table and put it in trace order.
+
     Parameters
     ----------
     df : polars.DataFrame
@@ -57,8 +74,10 @@ def requests_to_trace(
 
     Returns
     -------
-    Trace
-        Requests in trace order (stable sort by timestamp) and the access table.
+    df : polars.DataFrame
+        The request table in trace order (stable sort by timestamp).
+    warnings : list of str
+        Problems repaired or tolerated, with counts.
     """
     src = source if source is not None else meta.source
     df = conform(df)
@@ -116,8 +135,24 @@ def requests_to_trace(
         inputs = inputs[order]
     if not already_relative:
         df = df.with_columns(pl.col("timestamp") - float(ts[0]))
-        ts = ts - ts[0]
+    return df, warn
 
+
+def build_trace(df: pl.DataFrame, meta: TraceMeta, warnings: list[str] | None = None) -> Trace:
+    """The access table and dense block ids of a prepared request table.
+
+    Parameters
+    ----------
+    df : polars.DataFrame
+        Output of :func:`prepare_requests` (validated, in trace order).
+    meta : TraceMeta
+    warnings : list of str, optional
+        Carried into ``Trace.warnings``.
+    """
+    warn = list(warnings or [])
+    B = int(meta.block_tokens)
+    lengths = df["block_ids"].list.len().to_numpy().astype(np.int64)
+    inputs = df["input_tokens"].to_numpy().astype(np.int64)
     req_start = np.zeros(df.height + 1, dtype=np.int64)
     np.cumsum(lengths, out=req_start[1:])
     n = int(req_start[-1])

@@ -33,6 +33,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
+from .densify import _mix  # the same (hash, namespace) mix keys the sample
 from .stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _compact, _prefix
 
 #: Most heavy blocks tracked exactly (each query scans them).
@@ -40,28 +41,6 @@ MAX_HEAVY = 64
 #: Per-block code: >= 0 the block's index among the sampled blocks, SKIPPED, or
 #: HEAVY0 - h for heavy block h (h = 0..H-1).
 SKIPPED, HEAVY0 = -1, -2
-
-
-@njit(**NJIT)
-def _mix(h, tenant):
-    x = h ^ (np.uint64(tenant + 1) * np.uint64(0x9E3779B97F4A7C15))
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
-
-
-@njit(**NJIT)
-def _mix_blocks(block_hash, block_tenant):
-    out = np.empty(block_hash.shape[0], dtype=np.uint64)
-    for i in range(block_hash.shape[0]):
-        out[i] = _mix(block_hash[i], block_tenant[i])
-    return out
-
-
-def block_mix(block_hash, block_tenant):
-    """A well-mixed 64-bit hash of (hash, tenant) per dense block: the sampling key."""
-    return _mix_blocks(np.ascontiguousarray(block_hash, dtype=np.uint64),
-                       np.ascontiguousarray(block_tenant, dtype=np.int32))
 
 
 @njit(**NJIT)

@@ -81,12 +81,11 @@ per tier (0 DRAM, 1 local SSD, 2 flash), ``hist[tier, 0]`` lifetime = exit reque
 time - insert request time (exit by eviction or by a promotion out of the tier),
 ``hist[tier, 1]`` idle before eviction = eviction time - last touch, ``hist[tier, 2]``
 reuse gap = time of a hit in the tier - last touch there. Bin i holds
-``edges[i] <= x < edges[i + 1]`` (last bin open).
+``HIST_EDGES[i] <= x < HIST_EDGES[i + 1]`` (octaves; the last bin is open).
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import numpy as np
@@ -172,7 +171,7 @@ HIST_METRICS = ("lifetime_s", "idle_before_eviction_s", "reuse_gap_s")
 #: exact and cheap (its binary exponent).
 HIST_MIN_EXP, HIST_MAX_EXP = -10, 26
 HIST_EDGES = np.concatenate([[0.0], 2.0 ** np.arange(HIST_MIN_EXP, HIST_MAX_EXP + 1)])
-_HIST_LOW = 2.0 ** HIST_MIN_EXP
+_HIST_LAST = HIST_EDGES.shape[0] - 1
 
 
 # --------------------------------------------------------------------------- helpers
@@ -230,15 +229,16 @@ def _sketch_add(sketch, sk_ops, b):
 
 
 @njit(**NJIT_INLINE)
-def _bin(edges, x):
-    """Histogram bin of x >= 0 seconds: 0 below 2**HIST_MIN_EXP, then one bin per
-    octave ([2**e, 2**(e+1))), the last one open (equals bisecting ``edges``)."""
-    if x < _HIST_LOW:
+def _bin(scratch, bits, x):
+    """Residency bin of x >= 0 seconds: 0 below 2**HIST_MIN_EXP, then one bin per
+    octave [2**e, 2**(e+1)), the last one open (equals bisecting ``HIST_EDGES``).
+    The octave is the binary exponent of x, read from its bits (``bits`` is an int64
+    view of the one-element ``scratch``)."""
+    scratch[0] = x
+    i = ((bits[0] >> 52) & 0x7FF) - 1023 - HIST_MIN_EXP + 1
+    if i < 0:
         return 0
-    e = math.frexp(x)[1]  # 2**(e-1) <= x < 2**e
-    i = e - HIST_MIN_EXP
-    last = edges.shape[0] - 1
-    return i if i < last else last
+    return i if i < _HIST_LAST else _HIST_LAST
 
 
 @njit(**NJIT_INLINE)
@@ -288,7 +288,7 @@ def _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_
 
 
 @njit(**NJIT_INLINE)
-def _evict_lru(X, tier, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges):
+def _evict_lru(X, tier, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits):
     """Evict the least-recent block of list X; returns it."""
     M = lst.shape[1] - 1
     w = lst[X, M, _NEXT]
@@ -300,8 +300,8 @@ def _evict_lru(X, tier, now, meas, lst, used, size, bstat, req_ts, cnt, hist, ed
     if meas:
         cnt[C_EVICT + tier] += 1
         cnt[C_EVICT_TOK + tier] += s
-        hist[tier, 0, _bin(edges, now - req_ts[lst[X, w, _INS]])] += 1
-        hist[tier, 1, _bin(edges, now - req_ts[lst[X, w, _TCH]])] += 1
+        hist[tier, 0, _bin(scratch, bits, now - req_ts[lst[X, w, _INS]])] += 1
+        hist[tier, 1, _bin(scratch, bits, now - req_ts[lst[X, w, _TCH]])] += 1
     return w
 
 
@@ -337,30 +337,30 @@ def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, re
 
 @njit(**NJIT_INLINE)
 def _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
-                 oracle_ok, sketch, cnt, sums, hist, edges):
+                 oracle_ok, sketch, cnt, sums, hist, scratch, bits):
     F = ip[I_NODES] * (1 + ip[I_HAS_LOCAL])
     if _try_write(v, F, 2, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
                   gstat, values, oracle_ok, sketch, cnt, sums):
         while used[F] > cap[F]:
-            _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+            _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
 
 
 @njit(**NJIT)
 def _write_below_dram(n, v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
-                      values, oracle_ok, sketch, cnt, sums, hist, edges):
+                      values, oracle_ok, sketch, cnt, sums, hist, scratch, bits):
     """Write v into the first flash tier below node n's DRAM (local SSD, else shared)."""
     if ip[I_HAS_LOCAL]:
         X = ip[I_NODES] + n
         if _try_write(v, X, 1, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
                       gstat, values, oracle_ok, sketch, cnt, sums):
             while used[X] > cap[X]:
-                w = _evict_lru(X, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+                w = _evict_lru(X, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
                 if ip[I_HAS_FLASH]:
                     _write_flash(w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
-                                 gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                                 gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
     elif ip[I_HAS_FLASH]:
         _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
-                     values, oracle_ok, sketch, cnt, sums, hist, edges)
+                     values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
 
 
 # --------------------------------------------------------------------------- kernel
@@ -368,7 +368,7 @@ def _write_below_dram(n, v, r, now, meas, ip, fp, lst, used, cap, size, bstat, r
 
 @njit(**NJIT)
 def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, req_group, values, oracle_ok,
-              edges, ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
+              scratch, bits, ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
               decision, req_level, req_out, cnt, sums, hist):
     n_req = req_start.shape[0] - 1
     N = ip[I_NODES]
@@ -441,7 +441,7 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                 q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
                 if meas:
                     if X >= 0:
-                        hist[d, 2, _bin(edges, now - req_ts[lst[X, b, _TCH]])] += 1
+                        hist[d, 2, _bin(scratch, bits, now - req_ts[lst[X, b, _TCH]])] += 1
                     cnt[C_ACC + d] += 1
                     sums[S_TOTAL] += 1.0
                     sums[S_TOTAL + 1] += kt
@@ -491,7 +491,7 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         if meas:
                             cnt[C_PROMO + d] += 1
                             cnt[C_PROMO_TOK + d] += s
-                            hist[d, 0, _bin(edges, now - req_ts[lst[X, b, _INS]])] += 1
+                            hist[d, 0, _bin(scratch, bits, now - req_ts[lst[X, b, _INS]])] += 1
                     else:
                         if flash_lru:
                             _unlink(lst, X, b)
@@ -515,7 +515,7 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         hist[0, 1, 0] += 1
                     if d == MISS or not write_through:
                         _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
                     continue
                 if lst[D, b, _PREV] != ABSENT:  # repeated in this touch group
                     _unlink(lst, D, b)
@@ -529,12 +529,12 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                 lst[D, b, _TCH] = r
                 if write_through and d == MISS:
                     _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                      req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                                      req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
                 while used[D] > cap[D]:
-                    w = _evict_lru(D, 0, now, meas, lst, used, size, bstat, req_ts, cnt, hist, edges)
+                    w = _evict_lru(D, 0, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
                     if not write_through:
                         _write_below_dram(n, w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, edges)
+                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
         # ---- request branch: deepest tier of the usable prefix, miss if empty
         branch = MISS
         if hi > lo and decision[lo] != MISS:
@@ -585,7 +585,7 @@ class TierRun(NamedTuple):
     req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included).
     counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
     sums : dict name -> float (:data:`SUM_NAMES`, measured period).
-    hist : int64[3, 3, len(edges)] — residency counts [tier, metric, bin].
+    hist : int64[3, 3, len(HIST_EDGES)] — residency counts [tier, metric, bin].
     """
 
     decision: np.ndarray
@@ -704,13 +704,13 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
     cnt = np.zeros(N_COUNTS, dtype=np.int64)
     sums = np.zeros(N_SUMS, dtype=np.float64)
-    edges = HIST_EDGES
-    hist = np.zeros((3, 3, edges.shape[0]), dtype=np.int64)
+    hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
+    scratch = np.zeros(1, dtype=np.float64)
     if n_req > 0:
         _simulate(block, size, req_start, np.ascontiguousarray(request, dtype=np.int64),
                   np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64),
                   np.ascontiguousarray(req_ts, dtype=np.float64), np.ascontiguousarray(req_node, dtype=np.int64),
-                  req_group, values, oracle_ok, edges, ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64),
+                  req_group, values, oracle_ok, scratch, scratch.view(np.int64), ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64),
                   bstat, gstat, sketch, np.zeros(1, dtype=np.int64),
                   decision, req_level, req_out, cnt, sums, hist)
     return TierRun(decision, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
