@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import time
 from enum import Enum
@@ -33,7 +34,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-console = Console(highlight=False)
+# Wide tables wrap badly at Rich's 80-column default for pipes and logs.
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 140
+console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False)
 _state = {"debug": False}
 
