@@ -205,7 +205,8 @@ def ingest(
     console.print(
         f"wrote {out}: {trace.n_requests:,} requests, {trace.n_accesses:,} block accesses, "
         f"{trace.n_blocks:,} distinct blocks ({trace.meta.source_format}, {trace.meta.block_tokens} tokens/block) "
-        f"in {dt:.2f} s"
+        f"in {dt:.2f} s",
+        soft_wrap=True,
     )
 
 
@@ -324,13 +325,14 @@ def synth(
     if chunk_requests:
         synth_mod.write_chunked(kind.value, requests, seed, out, fmt.value, block_tokens=block_tokens,
                                 rate_per_s=rate, chunk_requests=chunk_requests)
-        console.print(f"wrote {out} ({requests:,} requests, {fmt.value}) in {time.perf_counter() - t0:.2f} s")
+        console.print(f"wrote {out} ({requests:,} requests, {fmt.value}) in {time.perf_counter() - t0:.2f} s",
+                      soft_wrap=True)
         return
     df, meta = synth_mod.generate(kind.value, requests, seed, block_tokens=block_tokens, rate_per_s=rate)
     synth_mod.write(df, meta, out, fmt.value)
     n_acc = int(df["block_ids"].list.len().sum())
     console.print(f"wrote {out}: {df.height:,} requests, {n_acc:,} block accesses ({kind.value}, {fmt.value}) "
-                  f"in {time.perf_counter() - t0:.2f} s")
+                  f"in {time.perf_counter() - t0:.2f} s", soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------- curve

@@ -335,34 +335,6 @@ def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, re
     return True
 
 
-@njit(**NJIT_INLINE)
-def _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
-                 oracle_ok, sketch, cnt, sums, hist, scratch, bits):
-    F = ip[I_NODES] * (1 + ip[I_HAS_LOCAL])
-    if _try_write(v, F, 2, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
-                  gstat, values, oracle_ok, sketch, cnt, sums):
-        while used[F] > cap[F]:
-            _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
-
-
-@njit(**NJIT)
-def _write_below_dram(n, v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
-                      values, oracle_ok, sketch, cnt, sums, hist, scratch, bits):
-    """Write v into the first flash tier below node n's DRAM (local SSD, else shared)."""
-    if ip[I_HAS_LOCAL]:
-        X = ip[I_NODES] + n
-        if _try_write(v, X, 1, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
-                      gstat, values, oracle_ok, sketch, cnt, sums):
-            while used[X] > cap[X]:
-                w = _evict_lru(X, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
-                if ip[I_HAS_FLASH]:
-                    _write_flash(w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
-                                 gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
-    elif ip[I_HAS_FLASH]:
-        _write_flash(v, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat,
-                     values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
-
-
 # --------------------------------------------------------------------------- kernel
 
 
@@ -386,12 +358,15 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
     use_sketch = policy == P_TINYLFU
     use_groups = policy == P_GROUP
     M = lst.shape[1] - 1
+    # the first flash tier below DRAM: the node's local SSD, else the shared flash
+    first_tier = 1 if has_local else (2 if has_flash else 0)
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
         n = req_node[r]
         D = n
         Lc = local0 + n
+        first_flash = Lc if has_local else (F if has_flash else -1)
         now = req_ts[r]
         meas = r >= first_measured
         usable = True
@@ -500,13 +475,18 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         if meas and promotion == COPY and first:
                             cnt[C_PROMO + d] += 1
                             cnt[C_PROMO_TOK + d] += s
-            # ---- touch, pass 2 (tail-first): insert into DRAM, evict, write below
+            # ---- touch, pass 2 (tail-first): insert into DRAM, evict, write below.
+            # Every write goes through the one loop below (write-through candidate
+            # first, then each DRAM victim in eviction order; a local-SSD victim is
+            # written to the shared flash before the next one is evicted), so the
+            # write path is compiled once.
             for t in range(z - 1, a - 1, -1):
                 d = decision[t]
                 if promotion == NO_PROMOTION and (d == LOCAL or d == FLASH):
                     continue
                 b = block[t]
                 s = size[b]
+                cand = -1
                 if s > cap[D]:  # never fits: passes through DRAM (inserted and evicted at once)
                     if meas:
                         cnt[C_EVICT] += 1
@@ -514,27 +494,49 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         hist[0, 0, 0] += 1
                         hist[0, 1, 0] += 1
                     if d == MISS or not write_through:
-                        _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
-                    continue
-                if lst[D, b, _PREV] != ABSENT:  # repeated in this touch group
+                        cand = b
+                elif lst[D, b, _PREV] != ABSENT:  # repeated in this touch group
                     _unlink(lst, D, b)
                     _link_mru(lst, D, b, M)
                     lst[D, b, _TCH] = r
                     continue
-                _link_mru(lst, D, b, M)
-                used[D] += s
-                if bstat[b, _PULLED] != stamp:
-                    lst[D, b, _INS] = r
-                lst[D, b, _TCH] = r
-                if write_through and d == MISS:
-                    _write_below_dram(n, b, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                      req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
-                while used[D] > cap[D]:
+                else:
+                    _link_mru(lst, D, b, M)
+                    used[D] += s
+                    if bstat[b, _PULLED] != stamp:
+                        lst[D, b, _INS] = r
+                    lst[D, b, _TCH] = r
+                    if write_through and d == MISS:
+                        cand = b
+                while True:
+                    if cand >= 0 and first_flash >= 0:
+                        X = first_flash
+                        tier = first_tier
+                        while True:
+                            if cand >= 0:
+                                wrote = _try_write(cand, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat,
+                                                   request, req_ts, req_group, gstat, values, oracle_ok, sketch, cnt,
+                                                   sums)
+                                cand = -1
+                                if wrote and tier == 2:
+                                    while used[F] > cap[F]:
+                                        _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist,
+                                                   scratch, bits)
+                            if has_local and used[Lc] > cap[Lc]:
+                                w = _evict_lru(Lc, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist,
+                                               scratch, bits)
+                                if has_flash:
+                                    cand = w
+                                    X = F
+                                    tier = 2
+                                continue
+                            break
+                    cand = -1
+                    if used[D] <= cap[D]:
+                        break
                     w = _evict_lru(D, 0, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
                     if not write_through:
-                        _write_below_dram(n, w, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts,
-                                          req_group, gstat, values, oracle_ok, sketch, cnt, sums, hist, scratch, bits)
+                        cand = w
         # ---- request branch: deepest tier of the usable prefix, miss if empty
         branch = MISS
         if hi > lo and decision[lo] != MISS:
