@@ -709,3 +709,17 @@ def test_expected_trace_twin_sanity():
     assert exp["block"] == [0, 1, 2, 2]
     assert exp["block_size"] == [512, 1, 512]
     assert exp["timestamp"] == [0.0, 0.0, 0.008]
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_distinct_blocks_without_the_access_table(share):
+    from kvtrace.ingest import distinct_blocks, load_requests
+
+    path = Path(__file__).resolve().parents[1] / "sample_traces" / "mixed.parquet"
+    df, meta, _ = load_requests(path, share_tenants=share)
+    trace = load_trace(path, share_tenants=share)
+    assert distinct_blocks(df, meta) == trace.n_blocks
+    # tenants are namespaces: sharing can only merge blocks
+    if not share:
+        shared_df, shared_meta, _ = load_requests(path, share_tenants=True)
+        assert distinct_blocks(shared_df, shared_meta) <= trace.n_blocks

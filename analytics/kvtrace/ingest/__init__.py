@@ -13,13 +13,13 @@ from pathlib import Path
 
 from ..errors import KvtraceError
 from ..trace import Trace, TraceMeta
-from .canonical import build_trace, prepare_requests, read_metadata, requests_to_trace, write_canonical
+from .canonical import build_trace, distinct_blocks, prepare_requests, read_metadata, requests_to_trace, write_canonical
 from .jsonl import first_record, jsonl_source, read_bailian, read_mooncake, scan_for_error
 from .tabular import from_generic, read_canonical, read_table
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
 
-__all__ = ["FORMATS", "build_trace", "detect_format", "load_requests", "load_trace", "prepare_requests",
+__all__ = ["FORMATS", "build_trace", "detect_format", "distinct_blocks", "load_requests", "load_trace", "prepare_requests",
            "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
 
 

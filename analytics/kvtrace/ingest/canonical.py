@@ -138,6 +138,48 @@ def prepare_requests(
     return df, warn
 
 
+def _namespaces(df: pl.DataFrame, meta: TraceMeta) -> np.ndarray | None:
+    """int32 namespace per request (-1: none), or None when the trace has no tenants.
+
+    Namespace = rank of the tenant name among the trace's tenants (exact: two names
+    never share a namespace)."""
+    if meta.share_tenants or df["tenant"].null_count() == df.height:
+        return None
+    names = sorted(df["tenant"].drop_nulls().unique().to_list())
+    return (
+        df["tenant"]
+        .replace_strict(names, list(range(len(names))), default=None, return_dtype=pl.Int32)
+        .fill_null(-1)
+        .to_numpy()
+    )
+
+
+def distinct_blocks(df: pl.DataFrame, meta: TraceMeta) -> int:
+    """Distinct blocks of a prepared request table, without building the access table
+    (memory: the dense-id table only)."""
+    ns_req = _namespaces(df, meta)
+    col = df["block_ids"]
+    lengths = col.list.len().to_numpy().astype(np.int64)
+    n = int(lengths.sum())
+    if n == 0:
+        return 0
+    top = int(col.list.max().max() or 0)
+    ns_max = int(ns_req.max()) if ns_req is not None and ns_req.size else -1
+    state = None
+    row = 0
+    for part in col.get_chunks():
+        rows = part.len()
+        lens = lengths[row:row + rows]
+        m = int(lens.sum())
+        if m:
+            hashes = part.explode(empty_as_null=False).to_numpy()
+            ns = (np.full(m, -1, dtype=np.int32) if ns_req is None
+                  else np.repeat(ns_req[row:row + rows], lens).astype(np.int32))
+            _, state = densify(hashes, ns, np.ones(m, dtype=np.int32), state, top=top, ns_max=ns_max, total=n)
+        row += rows
+    return int(state.n_blocks) if state is not None else 0
+
+
 def build_trace(df: pl.DataFrame, meta: TraceMeta, warnings: list[str] | None = None) -> Trace:
     """The access table and dense block ids of a prepared request table.
 
@@ -163,18 +205,7 @@ def build_trace(df: pl.DataFrame, meta: TraceMeta, warnings: list[str] | None = 
     last_tokens = np.clip(inputs[has] - B * (lengths[has] - 1), 1, B)
     tokens[last_idx] = last_tokens.astype(np.int32)
 
-    if meta.share_tenants or df["tenant"].null_count() == df.height:
-        ns_req = None
-    else:
-        # Namespace = rank of the tenant name among the trace's tenants (exact: two
-        # names never share a namespace).
-        names = sorted(df["tenant"].drop_nulls().unique().to_list())
-        ns_req = (
-            df["tenant"]
-            .replace_strict(names, list(range(len(names))), default=None, return_dtype=pl.Int32)
-            .fill_null(-1)
-            .to_numpy()
-        )
+    ns_req = _namespaces(df, meta)
     # Densify chunk by chunk of the list column, so the hashes are never copied whole.
     col = df["block_ids"]
     block = np.empty(n, dtype=np.int64)
