@@ -609,3 +609,33 @@ def test_value_bad_options(tmp_path):
     one_line_error(run("value", missing, "--horizon", "soon", columns=80), 2, "horizon")
     one_line_error(run("value", missing, "--out", "v.txt", columns=80), 2, "unsupported output file")
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- whatif
+
+
+def test_whatif_table_equals_the_library_and_dram_matches_the_curve(tmp_path):
+    from kvtrace.curves import compute_curve
+    from kvtrace.ingest import load_trace
+    from kvtrace.whatif import TierConfig, simulate
+
+    out = tmp_path / "w.parquet"
+    ok(run("whatif", CHAT, "--dram", "64GiB", "--flash", "512GiB", "--policy", "all,second-hit", "--out", out,
+           "--workers", "1"))
+    got = pl.read_parquet(out)
+    assert got.height == 2
+    trace = load_trace(CHAT)
+    want = simulate(trace, TierConfig("64GiB", flash_bytes="512GiB", policy="freq>=2")).summary
+    row = got.filter(pl.col("policy") == "freq>=2").row(0, named=True)
+    for key in ("h_dram_token", "h_flash_token", "miss_token", "flash_write_bytes"):
+        assert row[key] == pytest.approx(want[key], rel=1e-12)
+    # DRAM alone is the curve at the DRAM capacity
+    curve = compute_curve(trace, capacities=[64 * 2**30]).curve.row(0, named=True)
+    assert row["h_dram_token"] == pytest.approx(curve["prefix_token_hit_rate"], rel=1e-12)
+
+
+def test_whatif_bad_options(tmp_path):
+    missing = tmp_path / "not-read.jsonl"
+    one_line_error(run("whatif", missing, "--dram", "64GiB,128GiB", columns=80), 2, "grid")
+    one_line_error(run("whatif", missing, "--dram", "64GiB", "--out", "w.txt", columns=80), 2, "unsupported output")
+    assert list(tmp_path.iterdir()) == []

@@ -98,3 +98,21 @@ def save_chart(chart: alt.TopLevelMixin, path: str | os.PathLike) -> None:
             tmp.write_bytes(vlc.vegalite_to_png(spec, scale=2))
         else:
             tmp.write_text(vlc.vegalite_to_svg(spec), encoding="utf-8")
+
+
+def frontier_chart(table) -> alt.LayerChart:
+    """What-if frontier: flash hit share (usable-prefix tokens) against flash bytes
+    written per day, one point per configuration."""
+    df = table.with_columns(
+        ((pl.col("h_flash_token").fill_null(0.0) + pl.col("h_local_token").fill_null(0.0))).alias("flash_share"),
+        ((pl.col("flash_write_bytes_per_day").fill_null(0.0) + pl.col("local_write_bytes_per_day").fill_null(0.0))
+         / 2**40).alias("writes_tib_per_day"),
+        pl.col("config").cast(pl.String),
+    ).select("config", "flash_share", "writes_tib_per_day", "hit_rate_compute")
+    points = alt.Chart(df).mark_point(filled=True, size=80).encode(
+        x=alt.X("writes_tib_per_day:Q", title="flash writes (TiB/day)"),
+        y=alt.Y("flash_share:Q", title="share of prompt tokens served from flash", axis=alt.Axis(format="%")),
+        color=alt.Color("config:N", title=None),
+        tooltip=["config", "flash_share", "writes_tib_per_day", "hit_rate_compute"],
+    )
+    return alt.layer(points).properties(width=640, height=360, title="Flash admission frontier: gain vs wear")

@@ -634,6 +634,154 @@ def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
     console.print(f"[dim]computed in {elapsed:.2f} s[/dim]")
 
 
+# ---------------------------------------------------------------------------- whatif
+class Promotion(str, Enum):
+    promote = "promote"
+    copy = "copy"
+    none = "none"
+
+
+class WriteMode(str, Enum):
+    on_evict = "write-on-evict"
+    through = "write-through"
+
+
+class Routing(str, Enum):
+    session = "session"
+    round_robin = "round-robin"
+    prefix = "prefix"
+
+
+class FlashOrder(str, Enum):
+    lru = "lru"
+    fifo = "fifo"
+
+
+@app.command()
+@handles_errors
+def whatif(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    dram: str = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid)."),
+    flash: str = typer.Option("0", "--flash", help="Shared flash pool, e.g. 8TiB (a comma list with --grid; 0 = none)."),
+    local_ssd: str = typer.Option("0", "--local-ssd", help="Local SSD per node (0 = none)."),
+    policy: str = typer.Option("all", "--policy", help="Flash admission, comma-separated: all, none, second-hit, freq>=k, prob:p, idle<T, value>=v, reuse-oracle, tinylfu, group:type>=p."),
+    grid: bool = typer.Option(False, "--grid", help="Sweep every (DRAM, flash) pair of the --dram and --flash lists."),
+    compare_local: bool = typer.Option(False, "--compare-local", help="Also run the same flash as a local SSD per node vs one shared pool (needs --nodes > 1 and --local-ssd)."),
+    nodes: int = typer.Option(1, "--nodes", min=1, max=64, help="Nodes, each with its own DRAM (and local SSD)."),
+    routing: Routing = typer.Option(Routing.session, "--routing", help="Request routing across nodes."),
+    promotion: Promotion = typer.Option(Promotion.promote, "--promotion", help="On a flash hit: promote, copy or none."),
+    write_mode: WriteMode = typer.Option(WriteMode.on_evict, "--write-mode", help="write-on-evict or write-through."),
+    inclusive: bool = typer.Option(False, "--inclusive", help="Allow a block in two tiers (copy, write-through)."),
+    flash_order: FlashOrder = typer.Option(FlashOrder.lru, "--flash-order", help="Flash replacement: lru or fifo (log-structured)."),
+    eviction: Eviction = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model, as for kvtrace curve."),
+    warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up (fraction or duration)."),
+    model: Optional[str] = ModelOpt,
+    kv_bytes_per_token: Optional[int] = KvBytesOpt,
+    dtype: Optional[str] = DtypeOpt,
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset for recompute time and savings."),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="Prefill model FLOPs utilisation (0-1]."),
+    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="$ per GPU-hour."),
+    dram_gbps: float = typer.Option(25.0, "--dram-gbps", help="DRAM restore bandwidth, GB/s (illustrative default)."),
+    dram_latency_ms: float = typer.Option(0.2, "--dram-latency-ms", help="DRAM restore fixed latency, ms."),
+    flash_gbps: float = typer.Option(6.0, "--flash-gbps", help="Flash restore bandwidth, GB/s (illustrative default)."),
+    flash_latency_ms: float = typer.Option(1.0, "--flash-latency-ms", help="Flash restore fixed latency, ms."),
+    overhead_ms: float = typer.Option(1.0, "--overhead-ms", help="Per-request overhead of having a flash tier, ms."),
+    horizon: str = typer.Option("1h", "--horizon", help="Horizon of the value kernel for value>=v policies."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Processes for several configurations."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the comparison table (.parquet/.csv/.json)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Frontier chart: flash hit share vs flash bytes written (.html/.png/.svg)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the comparison as JSON ('-' = stdout only)."),
+    fmt: Fmt = FormatOpt,
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Tier what-ifs: DRAM over local SSD / shared flash, admission policies, nodes.
+
+    Exact event simulation under the same LRU model as the curve: hit shares by tier
+    (unconditional), flash writes and DWPD, read bandwidth (mean and peak), promotions,
+    value captured, residency, and reusable-prefix service-time percentiles.
+    """
+    from .model import resolve_gpu
+    from .outputs import table_format, write_table
+    from .response import ResponseModel
+    from .whatif import TierConfig, local_vs_shared, sweep
+
+    if out is not None:
+        table_format(out)
+    if plot is not None and plot.suffix.lower() not in (".html", ".png", ".svg"):
+        found = f"suffix '{plot.suffix}'" if plot.suffix else "no suffix"
+        raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", field="plot")
+    drams = [d.strip() for d in dram.split(",") if d.strip()]
+    flashes = [f.strip() for f in flash.split(",") if f.strip()]
+    if not grid and (len(drams) > 1 or len(flashes) > 1):
+        raise UsageError("several --dram or --flash sizes need --grid", field="grid")
+    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    common = dict(local_ssd_bytes=local_ssd, nodes=nodes, routing=routing.value, flash_order=flash_order.value,
+                  promotion=promotion.value, write_mode=write_mode.value, inclusive=inclusive)
+    configs = [TierConfig(d, flash_bytes=f, policy=p, **common) for d in drams for f in flashes for p in policies]
+    if compare_local:
+        if nodes < 2 or local_ssd in ("0", ""):
+            raise UsageError("--compare-local needs --nodes > 1 and --local-ssd SIZE", field="compare-local")
+        extra = {k: v for k, v in common.items() if k not in ("local_ssd_bytes", "nodes")}
+        for d in drams:
+            for p in policies:
+                configs += local_vs_shared(d, local_ssd, nodes, policy=p, **extra)
+    m = _model(model, kv_bytes_per_token, dtype)
+    g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
+    response = ResponseModel(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
+                             flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
+                             overhead_s=overhead_ms / 1e3, recompute_flops_per_s=g.effective_flops)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants)
+    values = None
+    if any(c.parsed_policy.kind == "value" for c in configs):
+        from .value import future_reuse, parse_horizon
+
+        values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_dollars
+    t0 = time.perf_counter()
+    table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value, values=values,
+                  warmup=warmup, workers=min(workers, len(configs)))
+    elapsed = time.perf_counter() - t0
+    if json_out == "-":
+        _write_json("-", {"configs": table.to_dicts()})
+    else:
+        _render_whatif(trace_path, table, elapsed, len(configs))
+    if out is not None:
+        write_table(table, out, metadata={"model": m.name, "kv_bytes_per_token": m.kv_bytes_per_token,
+                                          "eviction": eviction.value})
+    if plot is not None:
+        from .charts import frontier_chart, save_chart
+
+        save_chart(frontier_chart(table), plot)
+    if json_out and json_out != "-":
+        _write_json(json_out, {"configs": table.to_dicts()})
+    for label, p in (("table", out), ("plot", plot), ("json", json_out)):
+        if p is not None and p != "-":
+            err_console.print(f"wrote {label}: {p}", markup=False)
+
+
+def _render_whatif(trace_path: Path, table, elapsed: float, n: int) -> None:
+    t = Table(title=f"{trace_path.name}: tier what-ifs (usable-prefix token shares, unconditional)")
+    heads = ("config", "DRAM", "flash", "miss", "compute saved", "flash writes/day", "DWPD", "flash read mean",
+             "peak", "promotions", "p50", "p99")
+    for h in heads:
+        t.add_column(h, justify="left" if h == "config" else "right")
+    ms = lambda x: "-" if x is None else f"{x * 1e3:,.1f} ms"  # noqa: E731
+    for r in table.iter_rows(named=True):
+        flash_share = (r.get("h_flash_token") or 0.0) + (r.get("h_local_token") or 0.0)
+        bw = lambda x: "-" if x is None else format_bytes(x) + "/s"  # noqa: E731
+        dwpd = r.get("flash_dwpd") if r.get("flash_dwpd") is not None else r.get("local_dwpd")
+        t.add_row(
+            str(r["config"]), _fmt_rate(r.get("h_dram_token")), _fmt_rate(flash_share), _fmt_rate(r.get("miss_token")),
+            _fmt_rate(r.get("hit_rate_compute")),
+            "-" if r.get("flash_write_bytes_per_day") is None else format_bytes(r["flash_write_bytes_per_day"]),
+            "-" if dwpd is None else f"{dwpd:.2f}",
+            bw(r.get("flash_read_bytes_per_s_mean")), bw(r.get("flash_read_bytes_per_s_peak")),
+            f"{r.get('promotions') or 0:,}", ms(r.get("service_time_p50_s")), ms(r.get("service_time_p99_s")),
+        )
+    console.print(t)
+    console.print(f"[dim]{n} configuration(s) in {elapsed:.2f} s[/dim]")
+
+
 def main() -> None:
     """Console-script entry point."""
     app()

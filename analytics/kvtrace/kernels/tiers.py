@@ -2,17 +2,19 @@
 
 Everything here is in **tokens** (bytes = tokens x kv_bytes_per_token) and indexed by
 dense block id; no hashing on the hot path. The public wrapper is
-:func:`kvtrace.whatif.simulate`; this module is arrays in, arrays out.
+:func:`kvtrace.whatif.simulate`; this module is arrays in, arrays out. The slow twin
+``tests/naive_tiers.py`` is the executable specification of everything below.
 
 Tiers and lists
 ---------------
 Each node ``n`` has a DRAM tier (list ``n``) and optionally a local SSD (list
 ``N + n``); all nodes share one flash pool (list ``N x (1 + has_local)``). A tier is a
-doubly linked list over block ids (``lst[L, b] = prev, next, insert request, last-touch
-request``; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent) plus a
-token counter, so every event is O(1). ``prev = -1`` means "not in this tier".
-Memory: 16 bytes x (M + 1) per list, i.e. ``16 x M x (N x (1 + has_local) + has_flash)``
-bytes, plus 40 bytes x M of per-block state.
+doubly linked list over block ids (``lst[L, b] = prev, next, insert time, last-touch
+time``, int32; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent)
+plus a token counter, so every event is O(1). ``prev = -1`` means "not in this tier".
+Memory: ``16 x (M + 1)`` bytes per list, i.e. about ``16 x M x (N x (1 + has_local) +
+has_flash)`` bytes, plus ``16 x M`` bytes of per-block state (N <= 64 nodes: at most
+~2 KB per distinct block). Block, access and request indices are int32 (< 2**31).
 
 Decisions
 ---------
@@ -23,69 +25,82 @@ if in the shared flash, else ``MISS`` (3). *Prefix-aware* (request-atomic, as
 state at its arrival, then its blocks are touched; *flat*: each access is decided, then
 touched.
 
-Touch of a request (or, flat, of one access), in two passes, both tail-first:
+Touches
+-------
+A touch group is a request (prefix-aware) or one access (flat). Each distinct block of
+the group is touched once, at its first position (in the stack model the last touch,
+tail-first, wins: same final order), in two passes, both tail-first:
 
 1. *pin*: a block in DRAM is unlinked (it is in use: it cannot be a victim while the
-   request's blocks are inserted); a flash hit (LOCAL/FLASH) is, with ``promote``,
+   group's blocks are inserted); a flash hit (LOCAL/FLASH) is, with ``promote``,
    removed from its flash tier (a move), with ``copy``/``none`` read in place (its last
    touch updated; moved to most recent when that tier is LRU).
 2. *insert*: DRAM and MISS blocks, and flash hits unless promotion is ``none``, are
-   linked at DRAM's most-recent end. A MISS is written to the first flash tier under
-   write-through. After each insert, least-recent DRAM blocks are evicted until DRAM
-   fits; under write-on-evict a victim is written to the first flash tier below DRAM
-   (the local SSD if any, else the shared flash). A local-SSD victim is written to the
-   shared flash. A flash-tier victim is dropped.
+   linked at DRAM's most-recent end (a pinned block keeps its insert time). A flash
+   hit larger than DRAM is never promoted (pass 1 reads it in place). Under
+   write-through a MISS is written to the first flash tier below DRAM (the local SSD
+   if any, else the shared flash). After each insert the least-recent DRAM blocks are
+   evicted until DRAM fits; under write-on-evict each victim is written to the first
+   flash tier. A local-SSD victim is written to the shared flash; a shared-flash victim
+   is dropped. A MISS larger than DRAM passes through it (counted as inserted and
+   evicted at once: write-on-evict still offers it to flash).
 
-Pinning makes a request's own blocks victims only when the request alone overflows
-DRAM (then its tail blocks go first, as in the stack model). With one block size,
-admit-all, ``promote`` and write-on-evict, DRAM + flash is exactly one LRU of
-``C_d + C_f``: DRAM is an LRU of ``C_d`` (it sees every touch) and its victims enter
-flash at the most-recent end in LRU order.
+Pinned blocks become victims only when the group alone overflows DRAM (its tail blocks
+first, as in the stack model). Hence with one block size, admit-all, ``promote`` and
+write-on-evict, DRAM + local + flash is exactly one LRU of ``C_d + C_l + C_f`` (for
+``C_d >=`` one block): DRAM is an LRU of ``C_d`` (it sees every touch) and its victims
+cascade down at each tier's most-recent end in LRU order.
 
-A write of block ``v`` into flash tier ``X`` happens iff ``v`` is not already in ``X``,
-fits in ``X`` (``size <= capacity``) and the admission policy admits it; such an
-attempt is a write *opportunity* (counted whether admitted or not). A block larger
-than a tier never enters it: for DRAM it passes through (counted as inserted and
-evicted at once, so write-on-evict still offers it to flash).
-
-Admission policies (``policy`` code, ``fp[F_PARAM]`` / ``ip[I_PARAM]``), evaluated on
-the block's state when the write is attempted; "last access" is the block's latest
-access so far (the current one when the block belongs to the request being served):
+Writes and admission
+--------------------
+A write of block ``v`` into flash tier ``X`` is attempted iff ``v`` is not already in
+``X`` and fits in it (``size <= capacity``); every attempt is a write *opportunity*,
+written iff the admission policy admits it (``policy`` code; parameter ``fp[F_PARAM]``,
+or ``ip[I_PARAM]`` for k). Policies read the block's state at the attempt; its "last
+access" is its latest access so far (the current one when it belongs to the group
+being touched):
 
 - ``ALL`` / ``NONE``;
 - ``FREQ``: accesses of the block so far >= k;
-- ``PROB``: ``mix64(b ^ PROB_SEED) / 2**64 < p`` (a fixed decision per block id);
+- ``PROB``: ``mix64(b ^ PROB_SEED) / 2**64 < p`` (a fixed coin per block id);
 - ``IDLE``: now - arrival of the last access < T seconds;
 - ``VALUE``: ``values[last access] >= v``;
-- ``ORACLE``: ``oracle_ok[last access]`` (see :func:`reuse_oracle_flags`);
-- ``TINYLFU``: admit if the tier has room, else iff the sketch estimate of the block
-  is strictly greater than that of the tier's next victim (its least-recent /
-  oldest block). Count-min sketch: 4 rows of width W (a power of two), indices
-  ``(h1 + i x h2) mod W`` from two mix64 hashes, 4-bit counters (saturating at 15)
-  incremented on every access; all counters are halved every ``10 x W`` accesses;
-  no doorkeeper;
+- ``ORACLE``: ``oracle_ok[last access]`` (:func:`reuse_oracle_flags`);
+- ``TINYLFU``: admit if the tier has room, else iff the sketch estimate of the block is
+  strictly greater than that of the tier's next victim (its least-recent / oldest
+  block). Count-min sketch of 4 rows of width W (a power of two), indices
+  ``(h1 + i x h2) mod W`` from the 32-bit halves of one mix64 hash (h2 odd); 4-bit
+  counters (saturating at 15) incremented on every access; all counters halved every
+  ``10 x W`` accesses; no doorkeeper and no admission window (W-TinyLFU's window LRU
+  is not modelled);
 - ``GROUP``: the request group of the last access has an online re-reference
-  probability ``(re-referenced + 1) / (accesses + 2)`` >= threshold, where every
-  access counts one access of its request's group and, when the block had been
-  accessed before, one re-reference of the group of that previous access (the past
-  only; Laplace prior 1/2).
+  probability ``(re-referenced + 1) / (accesses + 2)`` >= threshold: every access
+  counts one access of its request's group and, when the block had been accessed
+  before, one re-reference of the group of that previous access (the past only;
+  Laplace prior 1/2).
 
-Per-request accounting (in request order): the *usable prefix* is the accesses before
-the first MISS; its *level* is the running max of the decisions (so a DRAM block after
-a flash block counts at the flash level: DRAM alone would not have served it); the
-*reusable prefix* is the accesses before the first cold one (first access of the
-block; prefix-aware: not touched by an earlier request).
+Accounting (per request, in request order)
+------------------------------------------
+The *usable prefix* is the accesses before the first MISS; the *level* of a usable
+block is the running max of the decisions (a DRAM block after a flash block counts at
+the flash level: DRAM alone would not have served it); the *reusable prefix* is the
+accesses before the first cold one (the block's first access; prefix-aware: not
+touched by an earlier request); the request's *branch* is the level of its last usable
+block (MISS if none). Counters, sums and histograms cover the measured requests
+(``>= first_measured``) only.
 
-Residency (measured events only; blocks still resident at the end are not counted):
-per tier (0 DRAM, 1 local SSD, 2 flash), ``hist[tier, 0]`` lifetime = exit request
-time - insert request time (exit by eviction or by a promotion out of the tier),
+Residency: per tier (0 DRAM, 1 local SSD, 2 shared flash), ``hist[tier, 0]`` lifetime
+= exit time - insert time (exit by eviction or by a promotion out of the tier),
 ``hist[tier, 1]`` idle before eviction = eviction time - last touch, ``hist[tier, 2]``
-reuse gap = time of a hit in the tier - last touch there. Bin i holds
-``HIST_EDGES[i] <= x < HIST_EDGES[i + 1]`` (octaves; the last bin is open).
+reuse gap = time of a hit in the tier - last touch there. Times are request arrivals
+quantised to ``2**(HIST_MIN_EXP + shift)`` s (:func:`quantise_times`), so bins are
+integer octaves: bin i holds ``HIST_EDGES[i] <= x < HIST_EDGES[i + 1]``, the last bin
+is open. Blocks still resident at the end are not counted.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -93,8 +108,9 @@ from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
 
-# decisions
+# decisions (the kernel adds COLD_FLAG to the code of a cold access)
 DRAM, LOCAL, FLASH, MISS = 0, 1, 2, 3
+COLD_FLAG = 4
 # admission policies
 P_ALL, P_NONE, P_FREQ, P_PROB, P_IDLE, P_VALUE, P_ORACLE, P_TINYLFU, P_GROUP = range(9)
 # promotion on a flash hit
@@ -102,20 +118,19 @@ PROMOTE, COPY, NO_PROMOTION = 0, 1, 2
 
 # integer parameters (ip)
 I_POLICY, I_PARAM, I_NODES, I_HAS_LOCAL, I_HAS_FLASH, I_FLASH_LRU, I_PROMOTION, I_WRITE_THROUGH = range(8)
-I_PREFIX, I_FIRST_MEASURED, I_BLOCK_TOKENS, I_HAS_VALUES, I_SKETCH_WIDTH = range(8, 13)
-N_IP = 13
+I_PREFIX, I_FIRST_MEASURED, I_BLOCK_TOKENS, I_HAS_VALUES, I_SKETCH_WIDTH, I_TIME_SHIFT = range(8, 14)
+N_IP = 14
 # float parameters (fp)
 F_PARAM = 0
 N_FP = 1
 
 # fields of a list row / of the per-block state
 _PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
-_TLAST, _COUNT, _FIRST_REQ, _PULLED, _MARK = 0, 1, 2, 3, 4
+_TLAST, _COUNT, _FIRST_REQ, _HEAD = 0, 1, 2, 3
 ABSENT = -1
 
 PROB_SEED = 0x5851F42D4C957F2D
-SKETCH_SEED_1 = 0x2545F4914F6CDD1D
-SKETCH_SEED_2 = 0x9E6C63D0676A9A99
+SKETCH_SEED = 0x2545F4914F6CDD1D
 SKETCH_MAX = 15
 SKETCH_RESET_FACTOR = 10
 
@@ -195,8 +210,11 @@ def _unit_hash(b):
 
 @njit(**NJIT_INLINE)
 def _sketch_slots(b, width):
-    h1 = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED_1))
-    h2 = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED_2)) | np.uint64(1)
+    """Row i of the sketch counts block b at ``(h1 + i x h2) mod width``: the halves of
+    one mix64 hash (double hashing; h2 odd)."""
+    h = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED))
+    h1 = h & np.uint64(0xFFFFFFFF)
+    h2 = (h >> np.uint64(32)) | np.uint64(1)
     mask = np.uint64(width - 1)
     return h1, h2, mask
 
@@ -229,16 +247,29 @@ def _sketch_add(sketch, sk_ops, b):
 
 
 @njit(**NJIT_INLINE)
-def _bin(scratch, bits, x):
-    """Residency bin of x >= 0 seconds: 0 below 2**HIST_MIN_EXP, then one bin per
-    octave [2**e, 2**(e+1)), the last one open (equals bisecting ``HIST_EDGES``).
-    The octave is the binary exponent of x, read from its bits (``bits`` is an int64
-    view of the one-element ``scratch``)."""
-    scratch[0] = x
-    i = ((bits[0] >> 52) & 0x7FF) - 1023 - HIST_MIN_EXP + 1
-    if i < 0:
+def _bin(dq, shift):
+    """Residency bin of a time difference of ``dq`` quanta of ``2**(HIST_MIN_EXP +
+    shift)`` seconds: 0 if dq < 1, else its bit length + shift (the octave of the
+    difference in seconds), the last bin open. Branch-free bit length of dq < 2**32
+    (no memory traffic: a store here would make the compiler reload the tier state)."""
+    if dq < 1:
         return 0
-    return i if i < _HIST_LAST else _HIST_LAST
+    x = np.int64(dq)
+    n = np.int64(1) + shift
+    k = np.int64(x >= 65536) << 4
+    x >>= k
+    n += k
+    k = np.int64(x >= 256) << 3
+    x >>= k
+    n += k
+    k = np.int64(x >= 16) << 2
+    x >>= k
+    n += k
+    k = np.int64(x >= 4) << 1
+    x >>= k
+    n += k
+    n += np.int64(x >= 2)
+    return n if n < _HIST_LAST else _HIST_LAST
 
 
 @njit(**NJIT_INLINE)
@@ -288,25 +319,23 @@ def _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_
 
 
 @njit(**NJIT_INLINE)
-def _evict_lru(X, tier, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits):
+def _evict_lru(X, tier, nq, shift, meas, lst, used, size, cnt, hist):
     """Evict the least-recent block of list X; returns it."""
     M = lst.shape[1] - 1
     w = lst[X, M, _NEXT]
     _unlink(lst, X, w)
     s = size[w]
     used[X] -= s
-    if tier == 0:
-        bstat[w, _PULLED] = -1
     if meas:
         cnt[C_EVICT + tier] += 1
         cnt[C_EVICT_TOK + tier] += s
-        hist[tier, 0, _bin(scratch, bits, now - req_ts[lst[X, w, _INS]])] += 1
-        hist[tier, 1, _bin(scratch, bits, now - req_ts[lst[X, w, _TCH]])] += 1
+        hist[tier, 0, _bin(nq - lst[X, w, _INS], shift)] += 1
+        hist[tier, 1, _bin(nq - lst[X, w, _TCH], shift)] += 1
     return w
 
 
 @njit(**NJIT_INLINE)
-def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+def _try_write(v, X, tier, nq, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
                gstat, values, oracle_ok, sketch, cnt, sums):
     """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
     if lst[X, v, _PREV] != ABSENT:
@@ -325,8 +354,8 @@ def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, re
         return False
     M = lst.shape[1] - 1
     _link_mru(lst, X, v, M)
-    lst[X, v, _INS] = r
-    lst[X, v, _TCH] = r
+    lst[X, v, _INS] = nq
+    lst[X, v, _TCH] = nq
     used[X] += s
     if meas:
         cnt[C_WRITE + tier] += 1
@@ -339,9 +368,9 @@ def _try_write(v, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat, re
 
 
 @njit(**NJIT)
-def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, req_group, values, oracle_ok,
-              scratch, bits, ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
-              decision, req_level, req_out, cnt, sums, hist):
+def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_group, values, oracle_ok,
+              ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
+              decision, since, cnt, sums, hist):
     n_req = req_start.shape[0] - 1
     N = ip[I_NODES]
     has_local = ip[I_HAS_LOCAL] != 0
@@ -353,8 +382,8 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
     write_through = ip[I_WRITE_THROUGH] != 0
     prefix_aware = ip[I_PREFIX] != 0
     first_measured = ip[I_FIRST_MEASURED]
-    B = np.float64(ip[I_BLOCK_TOKENS])
     policy = ip[I_POLICY]
+    shift = ip[I_TIME_SHIFT]
     use_sketch = policy == P_TINYLFU
     use_groups = policy == P_GROUP
     M = lst.shape[1] - 1
@@ -368,17 +397,14 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
         Lc = local0 + n
         first_flash = Lc if has_local else (F if has_flash else -1)
         now = req_ts[r]
+        nq = req_tq[r]
         meas = r >= first_measured
-        usable = True
-        reusable = True
-        level = 0
         n_touch_groups = 1 if prefix_aware else hi - lo
         for k in range(n_touch_groups):
             if prefix_aware:
                 a, z = lo, hi
             else:
                 a, z = lo + k, lo + k + 1
-            stamp = a
             # ---- decide
             for t in range(a, z):
                 b = block[t]
@@ -394,6 +420,8 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                     cold = bstat[b, _COUNT] == 0
                 bstat[b, _COUNT] += 1
                 bstat[b, _TLAST] = t
+                if bstat[b, _HEAD] < a:  # first occurrence in this touch group
+                    bstat[b, _HEAD] = t
                 if bstat[b, _FIRST_REQ] < 0:
                     bstat[b, _FIRST_REQ] = r
                 if use_sketch:
@@ -410,69 +438,37 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                 else:
                     d = MISS
                     X = -1
-                decision[t] = d
-                # ---- per-request accounting (in request order in both models)
-                kt = np.float64(tokens[t])
-                q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
-                if meas:
-                    if X >= 0:
-                        hist[d, 2, _bin(scratch, bits, now - req_ts[lst[X, b, _TCH]])] += 1
-                    cnt[C_ACC + d] += 1
-                    sums[S_TOTAL] += 1.0
-                    sums[S_TOTAL + 1] += kt
-                    sums[S_TOTAL + 2] += s
-                    sums[S_TOTAL + 3] += q
-                    sums[S_ACC + 2 * d] += kt
-                    sums[S_ACC + 2 * d + 1] += s
-                if cold:
-                    reusable = False
-                if usable and d == MISS:
-                    usable = False
-                if usable:
-                    if d > level:
-                        level = d
-                    if meas:
-                        base = S_PREFIX + 4 * level
-                        sums[base] += 1.0
-                        sums[base + 1] += kt
-                        sums[base + 2] += s
-                        sums[base + 3] += q
-                    req_out[r, R_SRC + d] += s
-                    if d != DRAM:
-                        req_out[r, R_FL_TOK] += kt
-                        req_out[r, R_FL_Q] += q
-                elif reusable:
-                    req_out[r, R_MISS_TOK] += kt
-                    req_out[r, R_MISS_Q] += q
+                decision[t] = d + COLD_FLAG if cold else d
+                since[t] = lst[X, b, _TCH] if X >= 0 else -1
             # ---- touch, pass 1 (tail-first): pin DRAM blocks, promote or read flash hits
             for t in range(z - 1, a - 1, -1):
                 b = block[t]
+                if bstat[b, _HEAD] != t:
+                    continue  # a repeat: the block is touched once, at its first position
                 s = size[b]
-                first = bstat[b, _MARK] != stamp
-                bstat[b, _MARK] = stamp
                 if lst[D, b, _PREV] != ABSENT:
                     _unlink(lst, D, b)
                     used[D] -= s
-                    bstat[b, _PULLED] = stamp
                     continue
-                d = decision[t]
+                d = decision[t] & 3
                 if d == LOCAL or d == FLASH:
                     X = Lc if d == LOCAL else F
                     if lst[X, b, _PREV] == ABSENT:
                         continue
-                    if promotion == PROMOTE:
+                    fits = s <= cap[D]  # a block larger than DRAM is never promoted
+                    if promotion == PROMOTE and fits:
                         _unlink(lst, X, b)
                         used[X] -= s
                         if meas:
                             cnt[C_PROMO + d] += 1
                             cnt[C_PROMO_TOK + d] += s
-                            hist[d, 0, _bin(scratch, bits, now - req_ts[lst[X, b, _INS]])] += 1
+                            hist[d, 0, _bin(nq - lst[X, b, _INS], shift)] += 1
                     else:
                         if flash_lru:
                             _unlink(lst, X, b)
                             _link_mru(lst, X, b, M)
-                        lst[X, b, _TCH] = r
-                        if meas and promotion == COPY and first:
+                        lst[X, b, _TCH] = nq
+                        if meas and promotion == COPY and fits:
                             cnt[C_PROMO + d] += 1
                             cnt[C_PROMO_TOK + d] += s
             # ---- touch, pass 2 (tail-first): insert into DRAM, evict, write below.
@@ -481,11 +477,13 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
             # written to the shared flash before the next one is evicted), so the
             # write path is compiled once.
             for t in range(z - 1, a - 1, -1):
-                d = decision[t]
-                if promotion == NO_PROMOTION and (d == LOCAL or d == FLASH):
-                    continue
                 b = block[t]
+                if bstat[b, _HEAD] != t:
+                    continue
+                d = decision[t] & 3
                 s = size[b]
+                if (d == LOCAL or d == FLASH) and (promotion == NO_PROMOTION or s > cap[D]):
+                    continue  # served in place
                 cand = -1
                 if s > cap[D]:  # never fits: passes through DRAM (inserted and evicted at once)
                     if meas:
@@ -495,17 +493,12 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         hist[0, 1, 0] += 1
                     if d == MISS or not write_through:
                         cand = b
-                elif lst[D, b, _PREV] != ABSENT:  # repeated in this touch group
-                    _unlink(lst, D, b)
-                    _link_mru(lst, D, b, M)
-                    lst[D, b, _TCH] = r
-                    continue
                 else:
                     _link_mru(lst, D, b, M)
                     used[D] += s
-                    if bstat[b, _PULLED] != stamp:
-                        lst[D, b, _INS] = r
-                    lst[D, b, _TCH] = r
+                    if d != DRAM:  # a DRAM block was pinned in pass 1: it keeps its insert time
+                        lst[D, b, _INS] = nq
+                    lst[D, b, _TCH] = nq
                     if write_through and d == MISS:
                         cand = b
                 while True:
@@ -514,17 +507,15 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                         tier = first_tier
                         while True:
                             if cand >= 0:
-                                wrote = _try_write(cand, X, tier, r, now, meas, ip, fp, lst, used, cap, size, bstat,
+                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, lst, used, cap, size, bstat,
                                                    request, req_ts, req_group, gstat, values, oracle_ok, sketch, cnt,
                                                    sums)
                                 cand = -1
                                 if wrote and tier == 2:
                                     while used[F] > cap[F]:
-                                        _evict_lru(F, 2, now, meas, lst, used, size, bstat, req_ts, cnt, hist,
-                                                   scratch, bits)
+                                        _evict_lru(F, 2, nq, shift, meas, lst, used, size, cnt, hist)
                             if has_local and used[Lc] > cap[Lc]:
-                                w = _evict_lru(Lc, 1, now, meas, lst, used, size, bstat, req_ts, cnt, hist,
-                                               scratch, bits)
+                                w = _evict_lru(Lc, 1, nq, shift, meas, lst, used, size, cnt, hist)
                                 if has_flash:
                                     cand = w
                                     X = F
@@ -534,16 +525,128 @@ def _simulate(block, size, req_start, request, tokens, pos, req_ts, req_node, re
                     cand = -1
                     if used[D] <= cap[D]:
                         break
-                    w = _evict_lru(D, 0, now, meas, lst, used, size, bstat, req_ts, cnt, hist, scratch, bits)
+                    w = _evict_lru(D, 0, nq, shift, meas, lst, used, size, cnt, hist)
                     if not write_through:
                         cand = w
-        # ---- request branch: deepest tier of the usable prefix, miss if empty
+
+
+@njit(**NJIT)
+def _account(decision, since, block, size, tokens, pos, req_start, req_tq, shift, block_tokens, first_measured,
+             req_level, req_out, cnt, sums, hist):
+    """Per-request and aggregate metrics from the decisions (a streaming pass).
+
+    The sums live in scalars (registers) and small fresh arrays and are added to the
+    outputs once; every sum is of integer-valued floats, exact in any order."""
+    B = np.float64(block_tokens)
+    acc_n = np.zeros(4, dtype=np.int64)  # per decision: accesses, tokens, occupied tokens
+    acc_tok = np.zeros(4, dtype=np.float64)
+    acc_size = np.zeros(4, dtype=np.float64)
+    pre = np.zeros((3, 4), dtype=np.float64)  # per level: blocks, tokens, occupied tokens, q
+    req_n = np.zeros(4, dtype=np.int64)
+    lgap = np.zeros((3, _HIST_LAST + 1), dtype=np.int64)
+    tot_n = 0.0
+    tot_tok = 0.0
+    tot_size = 0.0
+    tot_q = 0.0
+    for r in range(req_start.shape[0] - 1):
+        lo = req_start[r]
+        hi = req_start[r + 1]
+        nq = req_tq[r]
+        meas = r >= first_measured
+        usable = True
+        reusable = True
+        level = 0
+        src_d = 0.0
+        src_l = 0.0
+        src_f = 0.0
+        fl_tok = 0.0
+        fl_q = 0.0
+        miss_tok = 0.0
+        miss_q = 0.0
+        # the current level's usable-prefix sums, flushed when the level changes
+        p_n = 0.0
+        p_tok = 0.0
+        p_size = 0.0
+        p_q = 0.0
+        for t in range(lo, hi):
+            code = decision[t]
+            d = code & 3
+            s = np.float64(size[block[t]])
+            kt = np.float64(tokens[t])
+            q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
+            if meas:
+                if d != MISS:
+                    lgap[d, _bin(nq - since[t], shift)] += 1
+                acc_n[d] += 1
+                acc_tok[d] += kt
+                acc_size[d] += s
+                tot_n += 1.0
+                tot_tok += kt
+                tot_size += s
+                tot_q += q
+            if code & COLD_FLAG:
+                reusable = False
+            if usable and d == MISS:
+                usable = False
+            if usable:
+                if d > level:
+                    if meas:
+                        pre[level, 0] += p_n
+                        pre[level, 1] += p_tok
+                        pre[level, 2] += p_size
+                        pre[level, 3] += p_q
+                    p_n = p_tok = p_size = p_q = 0.0
+                    level = d
+                p_n += 1.0
+                p_tok += kt
+                p_size += s
+                p_q += q
+                if d == DRAM:
+                    src_d += s
+                else:
+                    if d == LOCAL:
+                        src_l += s
+                    else:
+                        src_f += s
+                    fl_tok += kt
+                    fl_q += q
+            elif reusable:
+                miss_tok += kt
+                miss_q += q
+        if meas:
+            pre[level, 0] += p_n
+            pre[level, 1] += p_tok
+            pre[level, 2] += p_size
+            pre[level, 3] += p_q
+        req_out[r, R_SRC] = src_d
+        req_out[r, R_SRC + 1] = src_l
+        req_out[r, R_SRC + 2] = src_f
+        req_out[r, R_FL_TOK] = fl_tok
+        req_out[r, R_FL_Q] = fl_q
+        req_out[r, R_MISS_TOK] = miss_tok
+        req_out[r, R_MISS_Q] = miss_q
+        # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
-        if hi > lo and decision[lo] != MISS:
+        if hi > lo and (decision[lo] & 3) != MISS:
             branch = level
         req_level[r] = branch
         if meas:
-            cnt[C_REQ + branch] += 1
+            req_n[branch] += 1
+    for lv in range(3):
+        for w in range(4):
+            sums[S_PREFIX + 4 * lv + w] += pre[lv, w]
+    sums[S_TOTAL] += tot_n
+    sums[S_TOTAL + 1] += tot_tok
+    sums[S_TOTAL + 2] += tot_size
+    sums[S_TOTAL + 3] += tot_q
+    for d in range(4):
+        sums[S_ACC + 2 * d] += acc_tok[d]
+        sums[S_ACC + 2 * d + 1] += acc_size[d]
+        cnt[C_ACC + d] += acc_n[d]
+        cnt[C_REQ + d] += req_n[d]
+    for tier in range(3):
+        for i in range(_HIST_LAST + 1):
+            hist[tier, 2, i] += lgap[tier, i]
 
 
 @njit(**NJIT)
@@ -578,24 +681,57 @@ def sketch_width(flash_tokens: int, block_tokens: int, n_blocks: int) -> int:
     return max(16, 1 << (want - 1).bit_length())
 
 
+def _ints(a):
+    """A contiguous integer array as it is (the kernels compile per dtype), else int64."""
+    a = np.asarray(a)
+    if a.dtype.kind in "iu" and a.flags.c_contiguous:
+        return a
+    return np.ascontiguousarray(a, dtype=np.int64)
+
+
+def quantise_times(req_ts):
+    """Request times as int32 quanta for the residency histograms.
+
+    The quantum is ``2**(HIST_MIN_EXP + shift)`` seconds (``2**-10`` s, the width of
+    the first histogram bin) with the smallest ``shift >= 0`` that keeps the trace's
+    span below 2**31 quanta (24 days at shift 0). Returns ``(tq, shift)`` with
+    ``tq = floor((ts - min(ts)) / quantum)``.
+    """
+    ts = np.asarray(req_ts, dtype=np.float64)
+    if ts.size == 0:
+        return np.zeros(0, dtype=np.int32), 0
+    rel = ts - ts.min()
+    span = float(rel.max())
+    shift = 0
+    while math.ldexp(span, -(HIST_MIN_EXP + shift)) >= 2.0**31 - 1:
+        shift += 1
+    return np.floor(np.ldexp(rel, -(HIST_MIN_EXP + shift))).astype(np.int32), shift
+
+
 class TierRun(NamedTuple):
     """Raw outputs of :func:`simulate_tiers`.
 
     decision : int8[N] — DRAM/LOCAL/FLASH/MISS of every access (warm-up included).
+    cold : bool[N] — first access of the block (prefix-aware: not touched by an
+        earlier request); the reusable prefix ends at the first cold access.
     req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
         the usable prefix is empty).
     req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included).
     counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
     sums : dict name -> float (:data:`SUM_NAMES`, measured period).
     hist : int64[3, 3, len(HIST_EDGES)] — residency counts [tier, metric, bin].
+    time_shift : int — the time quantum is 2**(HIST_MIN_EXP + time_shift) s
+        (:func:`quantise_times`).
     """
 
     decision: np.ndarray
+    cold: np.ndarray
     req_level: np.ndarray
     req_out: np.ndarray
     counts: dict
     sums: dict
     hist: np.ndarray
+    time_shift: int = 0
 
 
 def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
@@ -659,18 +795,15 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
         cap[N:2 * N] = int(local)
     if has_flash:
         cap[-1] = int(flash)
-    lst = np.empty((n_lists, M + 1, 4), dtype=np.int32)
-    lst[:, :, _PREV] = ABSENT
-    lst[:, :, _NEXT] = ABSENT
-    lst[:, :, _INS] = 0
-    lst[:, :, _TCH] = 0
+    if M + 1 >= 2**31:
+        raise ValueError("the tier simulator indexes blocks with int32: at most 2**31 - 2 distinct blocks")
+    lst = np.full((n_lists, M + 1, 4), ABSENT, dtype=np.int32)  # times are written before they are read
     lst[:, M, _PREV] = M
     lst[:, M, _NEXT] = M
-    bstat = np.zeros((M, 5), dtype=np.int64)
-    bstat[:, _TLAST] = -1
-    bstat[:, _FIRST_REQ] = -1
-    bstat[:, _PULLED] = -1
-    bstat[:, _MARK] = -1
+    if n_acc >= 2**31 - 1 or n_req >= 2**31 - 1:
+        raise ValueError("the tier simulator indexes accesses and requests with int32: at most 2**31 - 2")
+    bstat = np.full((M, 4), -1, dtype=np.int32)  # 16 bytes per block
+    bstat[:, _COUNT] = 0
     ip = np.zeros(N_IP, dtype=np.int64)
     ip[I_POLICY] = int(policy)
     ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
@@ -702,18 +835,23 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     if int(policy) == P_ORACLE and oracle_ok.shape[0] != n_acc:
         raise ValueError("the reuse-oracle policy needs one flag per access")
     decision = np.full(n_acc, MISS, dtype=np.int8)
+    since = np.full(n_acc, -1, dtype=np.int32)
     req_level = np.full(n_req, MISS, dtype=np.int8)
     req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
     cnt = np.zeros(N_COUNTS, dtype=np.int64)
     sums = np.zeros(N_SUMS, dtype=np.float64)
     hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
-    scratch = np.zeros(1, dtype=np.float64)
+    req_ts = np.ascontiguousarray(req_ts, dtype=np.float64)
+    req_tq, shift = quantise_times(req_ts)
+    ip[I_TIME_SHIFT] = shift
+    tokens = _ints(tokens)
     if n_req > 0:
-        _simulate(block, size, req_start, np.ascontiguousarray(request, dtype=np.int64),
-                  np.ascontiguousarray(tokens, dtype=np.int64), np.ascontiguousarray(pos, dtype=np.int64),
-                  np.ascontiguousarray(req_ts, dtype=np.float64), np.ascontiguousarray(req_node, dtype=np.int64),
-                  req_group, values, oracle_ok, scratch, scratch.view(np.int64), ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64),
-                  bstat, gstat, sketch, np.zeros(1, dtype=np.int64),
-                  decision, req_level, req_out, cnt, sums, hist)
-    return TierRun(decision, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
-                   dict(zip(SUM_NAMES, sums.tolist())), hist)
+        _simulate(block, size, req_start, _ints(request), req_ts, req_tq,
+                  np.ascontiguousarray(req_node, dtype=np.int64), req_group, values, oracle_ok, ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64), bstat, gstat, sketch,
+                  np.zeros(1, dtype=np.int64), decision, since, cnt, sums, hist)
+        _account(decision, since, block, size, tokens, _ints(pos), req_start, req_tq,
+                 shift, int(block_tokens), int(first_measured), req_level, req_out, cnt, sums, hist)
+    cold = (decision & COLD_FLAG) != 0
+    decision &= 3
+    return TierRun(decision, cold, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
+                   dict(zip(SUM_NAMES, sums.tolist())), hist, int(shift))

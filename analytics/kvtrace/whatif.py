@@ -1,0 +1,785 @@
+"""Tier what-ifs (``kvtrace whatif``): DRAM over local SSD / shared flash, exactly.
+
+:func:`simulate` replays a trace through one tier configuration (:class:`TierConfig`)
+with the event simulator of :mod:`kvtrace.kernels.tiers` (its docstring states the
+semantics in full); :func:`sweep` runs many configurations in parallel processes and
+returns one comparison table. Capacities are given in bytes and simulated in tokens
+(``bytes // kv_bytes_per_token``); a block occupies its cache size (its largest token
+count in the trace).
+
+Semantics decided here (beyond DESIGN §2)
+-----------------------------------------
+- **Same LRU model as the curve.** DRAM is an LRU of ``C_d`` under the prefix-aware
+  (default) or flat model; with ``promote`` or ``copy`` it sees every touch, so on one
+  node its hits equal the curve's ``H(C_d)`` whatever the admission policy, whenever
+  ``C_d >= the largest block`` (below that the curve's stack model lets a too-large
+  block flush the cache, while here it passes through DRAM, as in a real cache; a
+  flash hit too large for DRAM is read in place, never promoted).
+- **Request-atomic touches pin the request's blocks** (they are in use): they are not
+  victims of the request's own inserts unless the request alone overflows DRAM; a
+  block repeated in a request is touched once. With one block size and ``C_d >=`` one
+  block, ``all`` + exclusive + ``promote`` + write-on-evict (LRU or FIFO flash: flash
+  blocks are never touched in place) is exactly one LRU of ``C_d + C_f`` (of
+  ``C_d + C_l + C_f`` with a local SSD). With mixed sizes and every tier holding the
+  largest block, it hits every access the curve hits at ``C_d + C_f - (largest block
+  - 1)`` tokens and none that it misses at ``C_d + C_f`` (DRAM's unused slack is under
+  one block).
+- **inclusive / exclusive** only restricts the options: exclusive allows ``promote``
+  or ``none`` with write-on-evict (a block is then never in two tiers of a node's
+  path); ``copy`` and write-through keep copies and need ``inclusive=True``.
+  Across nodes a shared-flash block may also sit in another node's DRAM.
+- **write-through** writes a miss to flash when it enters DRAM (if admitted); nothing
+  is written at eviction. Under write-through, ``promote`` moves a flash hit out of
+  flash for good.
+- **Local SSD** (``local_ssd_bytes`` per node) is a tier between the node's DRAM and
+  the shared flash: DRAM victims go to it, its victims to the shared flash, both
+  through the admission policy. ``nodes=N, local_ssd_bytes=X`` vs ``nodes=N,
+  flash_bytes=N*X`` compares the same flash bought as local SSDs or as one pool
+  (:func:`local_vs_shared`).
+- **Routing**: ``session`` (hash of ``session_id``, the request id when null),
+  ``round-robin`` (trace order), ``prefix`` (hash of the first block's source hash;
+  the request id for an empty request). Hash: splitmix64 of the key xor a fixed
+  seed, modulo N.
+- **reuse-oracle** (clairvoyant): a first pass runs the same configuration with
+  ``all``; the policy then admits a write iff the block's next access was served from
+  flash in that pass. With one block size, exclusive ``promote`` and write-on-evict it
+  reproduces the admit-all hits exactly while writing only blocks that are read back
+  (one write per block read back): the write floor at the admit-all hit rate. It
+  costs two replays.
+- **value>=v** reads a per-access value ($ of keeping the block after that access,
+  :attr:`kvtrace.value.FutureReuse.value_dollars`) at the block's latest access.
+  ``value_captured`` sums the values of the writes made, ``value_bound`` the positive
+  values over all write opportunities (what a perfect value filter would keep).
+- **tinylfu**: count-min sketch, width = the power of two >= 4 x the flash capacity
+  (shared + all local SSDs) in full blocks, capped at 4 x the trace's distinct blocks;
+  strict ``>`` against the victim, no admission window (see the kernel docstring).
+- **group>=p** (``group:type>=p``, ``group:tenant>=p``, ``group:turn>=p``): online
+  re-reference probability of the group of the block's latest access, from the past
+  only (Laplace prior 1/2).
+- **Request shares.** A request counts in ``h_dram_request`` if its first block is
+  served from DRAM (so it equals the curve's request hit rate at ``C_d``),
+  ``h_local_request`` / ``h_flash_request`` if it is served from that tier, else
+  ``miss_request``. Token/byte/compute shares weight each usable-prefix block at the
+  *deepest tier so far in its request* (DRAM alone would not have served a DRAM block
+  that follows a flash block): ``h_dram = H(C_d)`` in every unit.
+- **Response time** of a request's reusable prefix (the blocks before its first cold
+  one): :func:`kvtrace.response.request_times` with the usable prefix's bytes read
+  from DRAM and from flash (local SSD reads use the flash parameters), the prefill
+  FLOPs of those flash blocks (restore-or-recompute deadline) and of the reusable
+  blocks beyond the usable prefix (recomputed). Every request of a configuration with
+  a flash tier pays the overhead O.
+
+Summary (:attr:`WhatIfResult.summary`, one row per configuration in :func:`sweep`)
+-----------------------------------------------------------------------------------
+==========================================  ================================================
+config, dram_bytes, local_ssd_bytes,        the configuration (bytes per node for DRAM and
+flash_bytes, nodes, routing, policy,        local SSD; shared flash in bytes), ``eviction``
+flash_order, promotion, write_mode,         (prefix-aware/flat), ``model``,
+inclusive, eviction, model,                 ``kv_bytes_per_token`` (bytes)
+kv_bytes_per_token
+h_{dram,local,flash}_{unit}, miss_{unit},   unconditional shares, unit in ``request``,
+hit_rate_{unit}                             ``token`` (usable-prefix tokens / prompt
+                                            tokens), ``byte`` (block bytes), ``compute``
+                                            (prefill FLOPs); shares sum to 1
+block_share_{dram,local,flash,miss}         any-block decisions / block accesses
+flash_request_share                         requests reading local SSD or flash
+{flash,local}_write_bytes                   host writes into the tier, bytes
+{flash,local}_write_bytes_per_day           bytes/day over the measured span
+{flash,local}_dwpd                          drive writes per day (/ tier capacity; local:
+                                            all nodes' SSDs)
+{flash,local}_write_opportunities           blocks offered to the tier (admitted or not)
+{flash,local}_admitted_share                writes / opportunities
+{dram,local,flash}_eviction_bytes           bytes evicted from the tier
+{dram,local,flash}_read_bytes               usable-prefix bytes served by the tier
+{dram,local,flash}_read_bytes_per_s_mean    mean read bandwidth, bytes/s
+{local,flash}_read_bytes_per_s_peak         peak over windows of ``window_s``, bytes/s
+promotions, promotion_bytes                 flash hits moved/copied into DRAM
+value_captured_dollars, value_bound_dollars, value of the writes made / of every positive
+value_capture_ratio                         opportunity ($; None without values)
+gpu_seconds_saved_per_hour                  GPU-s of prefill avoided per hour (all tiers)
+gpu_seconds_saved_per_hour_flash            ... by the local SSD and flash levels
+dollars_saved_per_hour                      the same in $ (all tiers)
+service_time_{mean,p50,p90,p99,p999}_s      reusable-prefix service time per request, s
+measured_requests, measured_accesses,       after the warm-up
+measured_seconds
+==========================================  ================================================
+
+Residency table (:attr:`WhatIfResult.residency`): ``tier`` (dram/local/flash) ·
+``metric`` (``lifetime_s``: insert to exit by eviction or promotion;
+``idle_before_eviction_s``: last touch to eviction; ``reuse_gap_s``: last touch to a
+hit in the tier) · ``bin_lo_s``, ``bin_hi_s`` (octaves; last bin open, ``inf``) ·
+``count``. Times are quantised to 2**-10 s (coarser for traces over 24 days);
+blocks still resident at the end are not counted.
+
+Request table (:attr:`WhatIfResult.requests`, measured requests): ``request`` (row of
+the request table) · ``node`` · ``branch`` (deepest tier of its usable prefix, or
+``miss``) · ``dram_bytes``, ``local_bytes``, ``flash_bytes`` (usable-prefix bytes
+read) · ``flash_recompute_flops`` · ``miss_recompute_flops`` · ``service_time_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import multiprocessing
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import polars as pl
+
+from .curves import GROUPINGS, group_labels, parse_warmup, warmup_first_request
+from .distances import normalise_eviction
+from .errors import UsageError
+from .kernels import tiers as K
+from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from .response import ResponseModel, percentiles, request_times
+from .trace import Trace
+from .units import format_bytes, parse_duration, parse_size
+
+__all__ = ["Policy", "TierConfig", "WhatIfResult", "local_vs_shared", "parse_policy", "route", "simulate",
+           "summary_table", "sweep"]
+
+ROUTINGS = ("session", "round-robin", "prefix")
+PROMOTIONS = {"promote": K.PROMOTE, "copy": K.COPY, "none": K.NO_PROMOTION}
+FLASH_ORDERS = ("lru", "fifo")
+WRITE_MODES = ("write-on-evict", "write-through")
+MAX_NODES = 64
+_ROUTE_SEED = 0xD6E8FEB86659FD93
+_DAY_S = 86400.0
+
+
+# --------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A parsed admission policy.
+
+    Attributes
+    ----------
+    kind : str
+        ``all``, ``none``, ``freq``, ``prob``, ``idle``, ``value``, ``reuse-oracle``,
+        ``tinylfu`` or ``group``.
+    param : float
+        k (freq, accesses), p (prob, probability), T (idle, seconds), v (value, $),
+        threshold (group, probability); 0 otherwise.
+    by : str or None
+        Grouping of the ``group`` policy.
+    """
+
+    kind: str
+    param: float = 0.0
+    by: str | None = None
+
+    @property
+    def code(self) -> int:
+        return {"all": K.P_ALL, "none": K.P_NONE, "freq": K.P_FREQ, "prob": K.P_PROB, "idle": K.P_IDLE,
+                "value": K.P_VALUE, "reuse-oracle": K.P_ORACLE, "tinylfu": K.P_TINYLFU,
+                "group": K.P_GROUP}[self.kind]
+
+    def __str__(self) -> str:
+        if self.kind == "freq":
+            return f"freq>={int(self.param)}"
+        if self.kind == "prob":
+            return f"prob:{self.param:g}"
+        if self.kind == "idle":
+            return f"idle<{self.param:g}s"
+        if self.kind == "value":
+            return f"value>={self.param:g}"
+        if self.kind == "group":
+            return f"group:{self.by}>={self.param:g}"
+        return self.kind
+
+
+_FLOAT = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+
+
+def parse_policy(text: str, *, group_by: str = "type") -> Policy:
+    """Parse an admission policy.
+
+    ``all`` · ``none`` · ``freq>=k`` (``second-hit`` = ``freq>=2``) · ``prob:p`` ·
+    ``idle<T`` (a duration: ``90s``, ``10min``) · ``value>=v`` ($, may be negative) ·
+    ``reuse-oracle`` · ``tinylfu`` · ``group>=p`` / ``group:BY>=p`` (BY in type,
+    tenant, turn, session-length; default ``group_by``).
+    """
+    s = str(text).strip().lower().replace(" ", "")
+    if s in ("all", "admit-all", "always"):
+        return Policy("all")
+    if s in ("none", "never"):
+        return Policy("none")
+    if s in ("second-hit", "second_hit"):
+        return Policy("freq", 2.0)
+    if s in ("reuse-oracle", "oracle"):
+        return Policy("reuse-oracle")
+    if s == "tinylfu":
+        return Policy("tinylfu")
+    m = re.fullmatch(r"freq>=([0-9]+)", s)
+    if m:
+        k = int(m.group(1))
+        if k < 1:
+            raise UsageError(f"freq>=k needs k >= 1, got '{text}'", field="policy")
+        return Policy("freq", float(k))
+    m = re.fullmatch(r"prob[:=]" + _FLOAT, s)
+    if m:
+        p = float(m.group(1))
+        if not 0 <= p <= 1:
+            raise UsageError(f"prob:p needs p in [0, 1], got '{text}'", field="policy")
+        return Policy("prob", p)
+    m = re.fullmatch(r"idle<(.+)", s)
+    if m:
+        return Policy("idle", parse_duration(m.group(1), field="policy"))
+    m = re.fullmatch(r"value>=(-?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)", s)
+    if m:
+        return Policy("value", float(m.group(1)))
+    m = re.fullmatch(r"group(?::([a-z-]+))?>=" + _FLOAT, s)
+    if m:
+        by = m.group(1) or group_by
+        if by not in GROUPINGS:
+            raise UsageError(f"unknown grouping '{by}' in '{text}': expected one of {', '.join(GROUPINGS)}",
+                             field="policy")
+        p = float(m.group(2))
+        if not 0 <= p <= 1:
+            raise UsageError(f"group>=p needs p in [0, 1], got '{text}'", field="policy")
+        return Policy("group", p, by)
+    raise UsageError(
+        f"unknown admission policy '{text}': expected all, none, freq>=k, second-hit, prob:p, idle<T, "
+        "value>=v, reuse-oracle, tinylfu or group[:by]>=p",
+        field="policy",
+    )
+
+
+# --------------------------------------------------------------------------- config
+
+
+def _bytes(value, field_name: str) -> int:
+    if isinstance(value, str):
+        if value.strip() in ("0", ""):
+            return 0
+        return parse_size(value, field=field_name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+        raise UsageError(f"expected a non-negative number of bytes, got {value!r}", field=field_name)
+    return int(value)
+
+
+@dataclass(frozen=True)
+class TierConfig:
+    """One tier configuration. Sizes are bytes (int) or strings such as ``64GiB``.
+
+    Parameters
+    ----------
+    dram_bytes : int or str
+        DRAM per node, bytes.
+    flash_bytes : int or str
+        Shared flash pool, bytes (0: none).
+    local_ssd_bytes : int or str
+        Local SSD per node, bytes (0: none).
+    nodes : int
+        Nodes (1..64), each with its own DRAM and local SSD.
+    routing : str
+        ``session``, ``round-robin`` or ``prefix``.
+    policy : str
+        Flash admission policy (:func:`parse_policy`).
+    flash_order : str
+        ``lru`` or ``fifo`` (log-structured) for the flash tiers.
+    promotion : str
+        On a flash hit: ``promote`` (move into DRAM), ``copy`` (copy into DRAM, keep
+        the flash copy) or ``none`` (serve from flash, leave it there).
+    write_mode : str
+        ``write-on-evict`` (DRAM victims are written) or ``write-through`` (misses are
+        written when they enter DRAM).
+    inclusive : bool
+        Allow a block in two tiers (needed by ``copy`` and write-through).
+    window_s : float
+        Window for peak read bandwidth, seconds.
+    group_by : str
+        Grouping of a ``group>=p`` policy without an explicit one.
+    name : str, optional
+        Label in tables (default: generated from the options).
+    """
+
+    dram_bytes: int | str
+    flash_bytes: int | str = 0
+    local_ssd_bytes: int | str = 0
+    nodes: int = 1
+    routing: str = "session"
+    policy: str = "all"
+    flash_order: str = "lru"
+    promotion: str = "promote"
+    write_mode: str = "write-on-evict"
+    inclusive: bool = False
+    window_s: float = 60.0
+    group_by: str = "type"
+    name: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731 (frozen dataclass)
+        set_("dram_bytes", _bytes(self.dram_bytes, "dram"))
+        set_("flash_bytes", _bytes(self.flash_bytes, "flash"))
+        set_("local_ssd_bytes", _bytes(self.local_ssd_bytes, "local-ssd"))
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, (int, np.integer)) or not (
+                1 <= self.nodes <= MAX_NODES):
+            raise UsageError(f"expected 1..{MAX_NODES} nodes, got {self.nodes!r}", field="nodes")
+        set_("nodes", int(self.nodes))
+        routing = str(self.routing).strip().lower().replace("_", "-")
+        routing = {"rr": "round-robin", "roundrobin": "round-robin", "affinity": "prefix"}.get(routing, routing)
+        if routing not in ROUTINGS:
+            raise UsageError(f"unknown routing '{self.routing}': expected {', '.join(ROUTINGS)}", field="routing")
+        set_("routing", routing)
+        set_("policy", str(parse_policy(self.policy, group_by=self.group_by)))
+        order = str(self.flash_order).strip().lower()
+        if order in ("log", "log-structured"):
+            order = "fifo"
+        if order not in FLASH_ORDERS:
+            raise UsageError(f"unknown flash order '{self.flash_order}': expected lru or fifo", field="flash-order")
+        set_("flash_order", order)
+        promotion = str(self.promotion).strip().lower()
+        if promotion not in PROMOTIONS:
+            raise UsageError(f"unknown promotion '{self.promotion}': expected promote, copy or none",
+                             field="promotion")
+        set_("promotion", promotion)
+        mode = str(self.write_mode).strip().lower().replace("_", "-")
+        mode = {"evict": "write-on-evict", "on-evict": "write-on-evict", "write-back": "write-on-evict",
+                "through": "write-through"}.get(mode, mode)
+        if mode not in WRITE_MODES:
+            raise UsageError(f"unknown write mode '{self.write_mode}': expected write-on-evict or write-through",
+                             field="write-mode")
+        set_("write_mode", mode)
+        set_("inclusive", bool(self.inclusive))
+        if not self.inclusive and (promotion == "copy" or mode == "write-through"):
+            what = "promotion 'copy'" if promotion == "copy" else "write-through"
+            raise UsageError(
+                f"exclusive tiers never hold a block twice, but {what} keeps a copy in DRAM and flash: "
+                "use inclusive tiers (--inclusive) or promote/none with write-on-evict",
+                field="inclusive",
+            )
+        if not (isinstance(self.window_s, (int, float)) and math.isfinite(self.window_s) and self.window_s > 0):
+            raise UsageError(f"expected a positive window in seconds, got {self.window_s!r}", field="window")
+        set_("window_s", float(self.window_s))
+
+    @property
+    def parsed_policy(self) -> Policy:
+        return parse_policy(self.policy, group_by=self.group_by)
+
+    @property
+    def has_flash(self) -> bool:
+        """A flash tier exists (shared pool or local SSDs)."""
+        return self.flash_bytes > 0 or self.local_ssd_bytes > 0
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        parts = [f"dram={format_bytes(self.dram_bytes)}"]
+        if self.local_ssd_bytes:
+            parts.append(f"local={format_bytes(self.local_ssd_bytes)}")
+        if self.flash_bytes:
+            parts.append(f"flash={format_bytes(self.flash_bytes)}")
+        if self.nodes > 1:
+            parts.append(f"nodes={self.nodes}/{self.routing}")
+        if self.has_flash:
+            parts.append(self.policy)
+            defaults = {"flash_order": "lru", "promotion": "promote", "write_mode": "write-on-evict"}
+            parts += [getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v]
+            if self.inclusive:
+                parts.append("inclusive")
+        return " ".join(parts)
+
+
+def local_vs_shared(dram_bytes, ssd_bytes_per_node, nodes: int, **options) -> list[TierConfig]:
+    """The same flash bought two ways: a local SSD per node vs one shared pool of
+    ``nodes x ssd_bytes_per_node`` (G3 vs G3.5). Other options apply to both."""
+    ssd = _bytes(ssd_bytes_per_node, "local-ssd")
+    base = {k: v for k, v in options.items() if k not in ("name", "flash_bytes", "local_ssd_bytes")}
+    return [
+        TierConfig(dram_bytes, local_ssd_bytes=ssd, nodes=nodes, name="local-ssd", **base),
+        TierConfig(dram_bytes, flash_bytes=ssd * nodes, nodes=nodes, name="shared-flash", **base),
+    ]
+
+
+# --------------------------------------------------------------------------- routing
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def route(trace: Trace, nodes: int, routing: str) -> np.ndarray:
+    """int64[R]: the node (0..nodes-1) serving each request (see the module docstring)."""
+    R = trace.n_requests
+    if nodes == 1:
+        return np.zeros(R, dtype=np.int64)
+    if routing == "round-robin":
+        return np.arange(R, dtype=np.int64) % nodes
+    req = trace.requests
+    rid = req["request_id"].to_numpy().astype(np.int64)
+    if routing == "session":
+        sess = req["session_id"]
+        key = np.where(sess.is_null().to_numpy(), rid, sess.fill_null(0).to_numpy().astype(np.int64))
+        key = key.astype(np.int64).view(np.uint64)
+    elif routing == "prefix":
+        rs = trace.accesses.req_start
+        nonempty = rs[1:] > rs[:-1]
+        key = rid.view(np.uint64).copy()
+        first = trace.accesses.block[rs[:-1][nonempty]]
+        key[nonempty] = trace.block_hash[first].astype(np.uint64)
+    else:
+        raise UsageError(f"unknown routing '{routing}'", field="routing")
+    return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int64)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+@dataclass
+class WhatIfResult:
+    """Output of :func:`simulate` (schemas in the module docstring).
+
+    Attributes
+    ----------
+    config : TierConfig
+    summary : dict
+        Every metric of the configuration (one row of :func:`sweep`'s table).
+    residency : polars.DataFrame
+        Residency histograms per tier.
+    requests : polars.DataFrame
+        Per measured request: bytes by tier, recompute FLOPs, service time.
+    info : dict
+        Model, capacities in tokens, warm-up, counters of the run.
+    """
+
+    config: TierConfig
+    summary: dict
+    residency: pl.DataFrame
+    requests: pl.DataFrame
+    info: dict = field(default_factory=dict)
+
+    @property
+    def table(self) -> pl.DataFrame:
+        """The summary as a one-row table."""
+        return summary_table([self.summary])
+
+    def to_dict(self) -> dict:
+        """Summary, non-empty residency bins and run information (JSON-ready)."""
+        return {
+            "summary": self.summary,
+            "residency": self.residency.filter(pl.col("count") > 0).to_dicts(),
+            "info": self.info,
+        }
+
+
+def _values_array(values, n: int) -> np.ndarray | None:
+    if values is None:
+        return None
+    arr = getattr(values, "value_dollars", values)
+    arr = np.ascontiguousarray(arr, dtype=np.float64)
+    if arr.shape != (n,):
+        raise UsageError(f"expected one value per block access ({n}), got shape {arr.shape}", field="values")
+    return arr
+
+
+def _run_kernel(trace: Trace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int, node, policy,
+                values, oracle_ok=None, group=None, n_groups=1) -> K.TierRun:
+    a = trace.accesses
+    d, loc, fl = tokens_cap
+    width = K.sketch_width(fl + config.nodes * loc, trace.meta.block_tokens, trace.n_blocks)
+    return K.simulate_tiers(
+        a.block, trace.block_size, a.req_start, a.request, a.tokens, a.pos, trace.request_timestamp, node,
+        block_tokens=trace.meta.block_tokens, prefix_aware=prefix_aware, dram=d, local=loc, flash=fl,
+        n_nodes=config.nodes, policy=policy.code, param=policy.param, flash_lru=config.flash_order == "lru",
+        promotion=PROMOTIONS[config.promotion], write_through=config.write_mode == "write-through",
+        first_measured=first_req, req_group=group, n_groups=n_groups, values=values, oracle_ok=oracle_ok,
+        sketch_width=width,
+    )
+
+
+def simulate(
+    trace: Trace,
+    config: TierConfig,
+    *,
+    model: ModelSpec | str | None = None,
+    gpu: GpuSpec | str | None = None,
+    response: ResponseModel | None = None,
+    eviction: str = "prefix-aware",
+    values=None,
+    warmup: str | float | None = None,
+) -> WhatIfResult:
+    """Replay ``trace`` through one tier configuration.
+
+    Parameters
+    ----------
+    trace : Trace
+    config : TierConfig
+    model : ModelSpec or str, optional
+        Bytes per token and prefill FLOPs (default Llama-3.1-70B).
+    gpu : GpuSpec or str, optional
+        GPU-seconds and $ of the compute saved (default H100).
+    response : ResponseModel, optional
+        Branch times for the per-request service time; default
+        ``ResponseModel(recompute_flops_per_s=gpu.effective_flops)``.
+    eviction : str
+        ``prefix-aware`` (default) or ``flat`` LRU model, as for the curve.
+    values : float64[N] or FutureReuse, optional
+        Value ($) of keeping the block after each access (``value>=v`` policy and the
+        value columns).
+    warmup : str or float, optional
+        Fraction of requests or duration that only fills the tiers.
+
+    Returns
+    -------
+    WhatIfResult
+    """
+    model = model if isinstance(model, ModelSpec) else resolve_model(model)
+    gpu = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
+    response = response if response is not None else ResponseModel(recompute_flops_per_s=gpu.effective_flops)
+    ev = normalise_eviction(eviction)
+    prefix_aware = ev == "prefix-aware"
+    bpt = int(model.kv_bytes_per_token)
+    a_coef, b_coef = model.flops_coefficients()
+    policy = config.parsed_policy
+    wu = parse_warmup(warmup)
+    first_req = warmup_first_request(trace, wu)
+    if first_req >= trace.n_requests and trace.n_requests:
+        raise UsageError("the warm-up covers the whole trace: nothing left to measure", field="warmup")
+    caps = (config.dram_bytes // bpt, config.local_ssd_bytes // bpt, config.flash_bytes // bpt)
+    node = route(trace, config.nodes, config.routing)
+    vals = _values_array(values, trace.n_accesses)
+    if policy.kind == "value" and vals is None:
+        raise UsageError("the value>=v policy needs per-access values (kvtrace.value.future_reuse(...))",
+                         field="values")
+    group, n_groups = None, 1
+    if policy.kind == "group":
+        group, names = group_labels(trace, policy.by)
+        n_groups = len(names)
+    oracle = None
+    if policy.kind == "reuse-oracle":
+        first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None)
+        oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
+    run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups)
+
+    summary, requests = _metrics(trace, config, run, node, first_req, bpt, a_coef, b_coef, gpu, response, vals)
+    summary = {
+        "config": config.label, "dram_bytes": config.dram_bytes, "local_ssd_bytes": config.local_ssd_bytes,
+        "flash_bytes": config.flash_bytes, "nodes": config.nodes, "routing": config.routing,
+        "policy": config.policy, "flash_order": config.flash_order, "promotion": config.promotion,
+        "write_mode": config.write_mode, "inclusive": config.inclusive, "eviction": ev, "model": model.name,
+        "kv_bytes_per_token": bpt, **summary,
+    }
+    shift = run.time_shift
+    info = {
+        "model": model.name, "kv_bytes_per_token": bpt, "gpu": gpu.name, "eviction": ev,
+        "capacity_tokens": {"dram": caps[0], "local_ssd": caps[1], "flash": caps[2]},
+        "warmup": None if wu is None else {"kind": wu[0], "value": wu[1]},
+        "first_measured_request": first_req, "response": dataclasses.asdict(response),
+        "counts": run.counts, "time_quantum_s": 2.0 ** (K.HIST_MIN_EXP + shift),
+    }
+    return WhatIfResult(config, summary, _residency(run.hist, config, shift), requests, info)
+
+
+def _div(x, y):
+    return float(x) / float(y) if y else None
+
+
+def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, response, vals):
+    c, s = run.counts, run.sums
+    R = trace.n_requests
+    rs = trace.accesses.req_start
+    meas = slice(first_req, R)
+    n_req = R - first_req
+    ts = trace.request_timestamp
+    seconds = float(ts[-1] - ts[first_req]) if R else 0.0
+    out: dict = {}
+
+    # request shares: tier of the first block (DRAM = the curve's request hit rate)
+    req_idx = np.arange(first_req, R)
+    nonempty = rs[req_idx + 1] > rs[req_idx]
+    first_dec = np.full(req_idx.shape[0], K.MISS, dtype=np.int64)
+    first_dec[nonempty] = run.decision[rs[req_idx[nonempty]]]
+    by_first = np.bincount(first_dec, minlength=4)
+    tiers = ("dram", "local", "flash")
+    units = {
+        "request": ([by_first[i] for i in range(3)], n_req),
+        "token": ([s[f"prefix_{t}_tokens"] for t in tiers], s["total_tokens"]),
+        "byte": ([s[f"prefix_{t}_size"] for t in tiers], s["total_size"]),
+        "compute": ([a * s[f"prefix_{t}_tokens"] + b * s[f"prefix_{t}_q"] for t in tiers],
+                    a * s["total_tokens"] + b * s["total_q"]),
+    }
+    for unit, (hits, total) in units.items():
+        shares = [_div(h, total) for h in hits]
+        for t, x in zip(tiers, shares):
+            out[f"h_{t}_{unit}"] = x
+        out[f"hit_rate_{unit}"] = None if total == 0 else float(sum(hits)) / float(total)
+        out[f"miss_{unit}"] = None if total == 0 else 1.0 - out[f"hit_rate_{unit}"]
+    n_acc = sum(c[f"acc_{d}"] for d in (*tiers, "miss"))
+    for d in (*tiers, "miss"):
+        out[f"block_share_{d}"] = _div(c[f"acc_{d}"], n_acc)
+    out["flash_request_share"] = _div(c["req_local"] + c["req_flash"], n_req)
+
+    def per_day(x):
+        return x / seconds * _DAY_S if seconds > 0 else None
+
+    caps_bytes = {"flash": config.flash_bytes, "local": config.local_ssd_bytes * config.nodes}
+    for t in ("flash", "local"):
+        wb = c[f"write_{t}_tokens"] * bpt
+        out[f"{t}_write_bytes"] = wb
+        out[f"{t}_write_bytes_per_day"] = per_day(wb)
+        pd = out[f"{t}_write_bytes_per_day"]
+        out[f"{t}_dwpd"] = pd / caps_bytes[t] if pd is not None and caps_bytes[t] > 0 else None
+        out[f"{t}_write_opportunities"] = c[f"offer_{t}"]
+        out[f"{t}_admitted_share"] = _div(c[f"write_{t}"], c[f"offer_{t}"])
+    for t in tiers:
+        out[f"{t}_eviction_bytes"] = c[f"evict_{t}_tokens"] * bpt
+
+    # reads: usable-prefix bytes by source tier, mean and peak per window
+    src = run.req_out[meas]
+    win = np.floor((ts[meas] - (ts[first_req] if R else 0.0)) / config.window_s).astype(np.int64)
+    for i, t in enumerate(tiers):
+        col = src[:, K.R_SRC + i] * bpt
+        total = float(col.sum())
+        out[f"{t}_read_bytes"] = total
+        out[f"{t}_read_bytes_per_s_mean"] = total / seconds if seconds > 0 else None
+        if t != "dram":
+            peak = float(np.bincount(win, weights=col).max()) / config.window_s if col.size else 0.0
+            out[f"{t}_read_bytes_per_s_peak"] = peak
+    out["promotions"] = c["promote_local"] + c["promote_flash"]
+    out["promotion_bytes"] = (c["promote_local_tokens"] + c["promote_flash_tokens"]) * bpt
+    if vals is not None:
+        out["value_captured_dollars"] = s["value_captured"]
+        out["value_bound_dollars"] = s["value_bound"]
+        out["value_capture_ratio"] = _div(s["value_captured"], s["value_bound"])
+    else:
+        out["value_captured_dollars"] = out["value_bound_dollars"] = out["value_capture_ratio"] = None
+
+    hours = seconds / 3600.0
+    flops_all = sum(units["compute"][0])
+    flops_flash = units["compute"][0][1] + units["compute"][0][2]
+    out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops_all) / hours if hours > 0 else None
+    out["gpu_seconds_saved_per_hour_flash"] = gpu.gpu_seconds(flops_flash) / hours if hours > 0 else None
+    out["dollars_saved_per_hour"] = gpu.dollars(flops_all) / hours if hours > 0 else None
+
+    # per-request service time of the reusable prefix (DESIGN §4)
+    bytes_d = src[:, K.R_SRC] * bpt
+    bytes_l = src[:, K.R_SRC + 1] * bpt
+    bytes_f = src[:, K.R_SRC + 2] * bpt
+    flops_f = a * src[:, K.R_FL_TOK] + b * src[:, K.R_FL_Q]
+    flops_m = a * src[:, K.R_MISS_TOK] + b * src[:, K.R_MISS_Q]
+    times = request_times(bytes_d, bytes_l + bytes_f, flops_f, flops_m, response, config.has_flash)
+    pct = percentiles(times)
+    for k, v in (("mean", "mean_s"), ("p50", "p50_s"), ("p90", "p90_s"), ("p99", "p99_s"), ("p999", "p99.9_s")):
+        out[f"service_time_{k}_s"] = pct[v]
+    out["measured_requests"] = n_req
+    out["measured_accesses"] = int(rs[-1] - rs[first_req]) if R else 0
+    out["measured_seconds"] = seconds
+
+    branch = pl.Series("branch", run.req_level[meas]).replace_strict(
+        [0, 1, 2, 3], ["dram", "local", "flash", "miss"], return_dtype=pl.String)
+    requests = pl.DataFrame({
+        "request": req_idx.astype(np.int64),
+        "node": np.asarray(node)[meas].astype(np.int32),
+        "branch": branch,
+        "dram_bytes": bytes_d,
+        "local_bytes": bytes_l,
+        "flash_bytes": bytes_f,
+        "flash_recompute_flops": flops_f,
+        "miss_recompute_flops": flops_m,
+        "service_time_s": times,
+    })
+    return out, requests
+
+
+def _residency(hist: np.ndarray, config: TierConfig, shift: int) -> pl.DataFrame:
+    edges = K.HIST_EDGES
+    present = [0] + ([1] if config.local_ssd_bytes > 0 else []) + ([2] if config.flash_bytes > 0 else [])
+    rows = []
+    for tier in present:
+        for m, metric in enumerate(K.HIST_METRICS):
+            for i in range(edges.shape[0]):
+                if 1 <= i <= shift:  # merged into bin 0 by a coarser time quantum
+                    continue
+                lo = float(edges[i])
+                hi = float(edges[i + 1]) if i + 1 < edges.shape[0] else math.inf
+                if i == 0:
+                    hi = float(edges[shift + 1]) if shift + 1 < edges.shape[0] else math.inf
+                rows.append((K.HIST_TIERS[tier], metric, lo, hi, int(hist[tier, m, i])))
+    return pl.DataFrame(rows, schema={"tier": pl.String, "metric": pl.String, "bin_lo_s": pl.Float64,
+                                      "bin_hi_s": pl.Float64, "count": pl.Int64}, orient="row")
+
+
+_STRING_COLUMNS = {"config", "routing", "policy", "flash_order", "promotion", "write_mode", "eviction", "model"}
+_INT_COLUMNS = {"dram_bytes", "local_ssd_bytes", "flash_bytes", "nodes", "kv_bytes_per_token", "flash_write_bytes",
+                "local_write_bytes", "flash_write_opportunities", "local_write_opportunities",
+                "dram_eviction_bytes", "local_eviction_bytes", "flash_eviction_bytes", "promotions",
+                "promotion_bytes", "measured_requests", "measured_accesses"}
+
+
+def summary_table(rows: list[dict]) -> pl.DataFrame:
+    """Summaries as a table with stable column types (str, bool, int64, float64)."""
+    if not rows:
+        return pl.DataFrame()
+    schema = {}
+    for k in rows[0]:
+        if k in _STRING_COLUMNS:
+            schema[k] = pl.String
+        elif k == "inclusive":
+            schema[k] = pl.Boolean
+        elif k in _INT_COLUMNS:
+            schema[k] = pl.Int64
+        else:
+            schema[k] = pl.Float64
+    return pl.DataFrame([{k: r.get(k) for k in schema} for r in rows], schema=schema, orient="row")
+
+
+# --------------------------------------------------------------------------- sweep
+
+_WORKER: dict = {}
+
+
+def _init_worker(trace, kwargs) -> None:
+    _WORKER["trace"] = trace
+    _WORKER["kwargs"] = kwargs
+
+
+def _summary_in_worker(config: TierConfig) -> dict:
+    return simulate(_WORKER["trace"], config, **_WORKER["kwargs"]).summary
+
+
+def sweep(
+    trace: Trace,
+    configs: list[TierConfig],
+    *,
+    model: ModelSpec | str | None = None,
+    gpu: GpuSpec | str | None = None,
+    response: ResponseModel | None = None,
+    eviction: str = "prefix-aware",
+    values=None,
+    warmup: str | float | None = None,
+    workers: int = 2,
+) -> pl.DataFrame:
+    """Simulate every configuration and compare them in one table.
+
+    Configurations run in ``workers`` processes (``spawn``: each worker receives the
+    trace once, then one configuration at a time); each one is a deterministic single
+    thread replay, so the table equals the serial one. ``workers <= 1`` runs serially
+    in this process.
+
+    Returns
+    -------
+    polars.DataFrame
+        One row per configuration, in the given order (:meth:`WhatIfResult.summary`).
+    """
+    kwargs = {"model": model if isinstance(model, ModelSpec) else resolve_model(model),
+              "gpu": gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu), "response": response,
+              "eviction": eviction, "values": None if values is None else _values_array(values, trace.n_accesses),
+              "warmup": warmup}
+    configs = list(configs)
+    if workers <= 1 or len(configs) <= 1:
+        return summary_table([simulate(trace, c, **kwargs).summary for c in configs])
+    ctx = multiprocessing.get_context("spawn")  # fork is unsafe with Polars' and Numba's threads
+    with ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx,
+                             initializer=_init_worker, initargs=(trace, kwargs)) as pool:
+        rows = list(pool.map(_summary_in_worker, configs))
+    return summary_table(rows)
