@@ -606,3 +606,26 @@ def test_sampled_curve_is_close_to_exact(structured_trace):
     se = approx.curve[f"{head}_se"].to_numpy()
     assert 0.1 * err.mean() < np.nanmean(se) < 10 * err.mean() + 0.002
     assert math.isclose(approx.info["error_estimate"]["mean_standard_error"], float(np.nanmean(se)), rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("by", ["turn", "session-length"])
+def test_turn_and_session_length_groups_partition_the_trace(by):
+    """Every request falls in exactly one bucket, and the groups' measured requests add
+    up to the whole trace's (a shared cache: each group's rates are its own)."""
+    from pathlib import Path
+
+    from kvtrace.curves import group_labels
+    from kvtrace.ingest import load_trace
+
+    trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "mixed.parquet")
+    index, names = group_labels(trace, by)
+    assert index.shape[0] == trace.n_requests and index.min() >= 0 and index.max() == len(names) - 1
+    res = compute_curve(trace, by=by, points=10)
+    assert res.info["groups"] == names
+    turns = trace.requests["turn"].to_list()
+    if by == "turn":  # bucket edges: 1, 2, 3, 4-7, 8-15, 16-31, 32+
+        for t, g in zip(turns[:200], index[:200]):
+            name = names[g]
+            lo, _, hi = name.partition("-")
+            lo = int(lo.rstrip("+"))
+            assert (t >= lo) if name.endswith("+") else (lo <= t <= int(hi or lo))

@@ -145,12 +145,12 @@ def group_labels(trace: Trace, by: str) -> tuple[np.ndarray, list[str]]:
     elif by == "turn":
         if req["turn"].null_count() == req.height:
             raise KvtraceError("the trace has no turn numbers to group by", field="by")
-        labels = req["turn"].map_batches(_bucket_counts).fill_null("(none)")
+        labels = _bucket_counts(req["turn"]).fill_null("(none)")
     elif by == "session-length":
         if req["session_id"].null_count() == req.height:
             raise KvtraceError("the trace has no session ids to group by", field="by")
         size = req.select(pl.len().over("session_id").cast(pl.Int64).alias("n"))["n"]
-        labels = size.map_batches(_bucket_counts).fill_null("(none)")
+        labels = _bucket_counts(size).fill_null("(none)")
         labels = pl.Series([f"{x} req" if x != "(none)" else x for x in labels.to_list()])
     else:
         raise UsageError(f"unknown grouping '{by}': expected one of {', '.join(GROUPINGS)}", field="by")

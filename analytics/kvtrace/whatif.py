@@ -764,7 +764,8 @@ def sweep(
     Configurations run in ``workers`` processes (``spawn``: each worker receives the
     trace once, then one configuration at a time); each one is a deterministic single
     thread replay, so the table equals the serial one. ``workers <= 1`` runs serially
-    in this process.
+    in this process. As with any ``spawn`` pool, a script calling this must do so under
+    ``if __name__ == "__main__":`` (the workers re-import the main module).
 
     Returns
     -------

@@ -118,8 +118,8 @@ PROMOTE, COPY, NO_PROMOTION = 0, 1, 2
 
 # integer parameters (ip)
 I_POLICY, I_PARAM, I_NODES, I_HAS_LOCAL, I_HAS_FLASH, I_FLASH_LRU, I_PROMOTION, I_WRITE_THROUGH = range(8)
-I_PREFIX, I_FIRST_MEASURED, I_BLOCK_TOKENS, I_HAS_VALUES, I_SKETCH_WIDTH, I_TIME_SHIFT = range(8, 14)
-N_IP = 14
+I_PREFIX, I_FIRST_MEASURED, I_HAS_VALUES, I_TIME_SHIFT = range(8, 12)
+N_IP = 12
 # float parameters (fp)
 F_PARAM = 0
 N_FP = 1
@@ -815,9 +815,7 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     ip[I_WRITE_THROUGH] = int(bool(write_through))
     ip[I_PREFIX] = int(bool(prefix_aware))
     ip[I_FIRST_MEASURED] = int(first_measured)
-    ip[I_BLOCK_TOKENS] = int(block_tokens)
     ip[I_HAS_VALUES] = int(values is not None)
-    ip[I_SKETCH_WIDTH] = int(sketch_width)
     fp = np.zeros(N_FP, dtype=np.float64)
     fp[F_PARAM] = float(param)
     use_sketch = int(policy) == P_TINYLFU
