@@ -145,15 +145,11 @@ def _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets, slot_size
 
 
 @njit(**NJIT_INLINE)
-def _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req,
-           tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
-    """Touch block ``b`` (code ``c``) at access ``t`` of request ``r``, time ``clock``."""
-    h = HEAVY0 - c
-    if h >= 0:
-        heavy_last[h] = clock
-        heavy_at[h] = t
-        heavy_req[h] = r
-        return
+def _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req,
+                   tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+    """Touch sampled block ``b`` (sampled index ``c``) at access ``t`` of request ``r``,
+    time ``clock``. Heavy blocks are touched by the caller: three stores, kept out of
+    this call because they are most of the touches."""
     if scalars[_NEXT_SLOT] == slot_block.shape[0]:
         _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
     sz = size[b]
@@ -272,13 +268,13 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap
                 k += 1
             if not prefix_aware:
                 clock += 1
-                if h >= 0:  # the common case, kept out of the call
+                if h >= 0:
                     heavy_last[h] = clock
                     heavy_at[h] = t
                     heavy_req[h] = r
                 else:
-                    _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
-                           last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+                    _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
+                                   slot_block, slot_size, slot_time, last_slot, scalars)
         if prefix_aware:  # tail-first
             for i in range(nk - 1, -1, -1):
                 t = kept[i]
@@ -291,8 +287,8 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap
                     heavy_at[h] = t
                     heavy_req[h] = r
                 else:
-                    _touch(t, r, b, c, clock, size, heavy_last, heavy_at, heavy_req, last_time, last_at,
-                           last_req, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+                    _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
+                                   slot_block, slot_size, slot_time, last_slot, scalars)
     scalars[_CACHE_SLOT] = -1
     return k
 
