@@ -32,6 +32,14 @@ for ev in ("prefix-aware", "flat"):
         "prev": d.prev_request.tolist(), "curve": r.curve.to_dicts(), "knees": r.knees.to_dicts(),
     }
 out["sampled"] = compute_curve(tr, sample_rate=0.5, points=20).curve.to_dicts()
+from kvtrace.value import future_reuse
+from kvtrace.whatif import TierConfig, simulate
+fr = future_reuse(tr)
+out["value"] = fr.value_dollars.tolist()
+for policy in ("all", "tinylfu", "value>=0"):
+    cfg = TierConfig("2GiB", flash_bytes="8GiB", policy=policy, promotion="copy", inclusive=True)
+    w = simulate(tr, cfg, values=fr)
+    out["whatif " + policy] = [w.summary, w.residency.to_dicts(), w.requests.to_dicts()]
 out["block"] = tr.accesses.block.tolist()
 out["stats"] = trace_stats(tr).summary
 print(json.dumps(out))

@@ -8,13 +8,15 @@ dense block id; no hashing on the hot path. The public wrapper is
 Tiers and lists
 ---------------
 Each node ``n`` has a DRAM tier (list ``n``) and optionally a local SSD (list
-``N + n``); all nodes share one flash pool (list ``N x (1 + has_local)``). A tier is a
-doubly linked list over block ids (``lst[L, b] = prev, next, insert time, last-touch
-time``, int32; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent)
+``N + n``); all nodes share one flash pool (the last list). A tier is a doubly
+linked list over block ids (entry ``st[b, _LIST0 + L] = prev, next, insert time,
+last-touch time``, int32; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent)
 plus a token counter, so every event is O(1). ``prev = -1`` means "not in this tier".
-Memory: ``16 x (M + 1)`` bytes per list, i.e. about ``16 x M x (N x (1 + has_local) +
-has_flash)`` bytes, plus ``16 x M`` bytes of per-block state (N <= 64 nodes: at most
-~2 KB per distinct block). Block, access and request indices are int32 (< 2**31).
+Row ``b`` also holds the block's state and size, so what an access reads shares one
+64-byte cache line (:func:`_state`). Memory: ``16 x S x (M + 1)`` bytes with S =
+``2 + N x (1 + has_local) + has_flash`` rounded up to a multiple of 4: 64 bytes per
+distinct block for one node (N <= 64 nodes: at most ~2 KB per distinct block).
+Block, access and request indices are int32 (< 2**31).
 
 Decisions
 ---------
@@ -107,6 +109,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
+from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
 DRAM, LOCAL, FLASH, MISS = 0, 1, 2, 3
@@ -118,13 +121,16 @@ PROMOTE, COPY, NO_PROMOTION = 0, 1, 2
 
 # integer parameters (ip)
 I_POLICY, I_PARAM, I_NODES, I_HAS_LOCAL, I_HAS_FLASH, I_FLASH_LRU, I_PROMOTION, I_WRITE_THROUGH = range(8)
-I_PREFIX, I_FIRST_MEASURED, I_HAS_VALUES, I_TIME_SHIFT = range(8, 12)
-N_IP = 12
+I_PREFIX, I_FIRST_MEASURED, I_HAS_VALUES, I_TIME_SHIFT, I_BLOCK_TOKENS = range(8, 13)
+N_IP = 13
 # float parameters (fp)
 F_PARAM = 0
 N_FP = 1
 
-# fields of a list row / of the per-block state
+# slots of a block's row: its state, its constants, then its entry in list L >= _LIST0
+_STAT, _INFO, _LIST0 = 0, 1, 2
+_SIZE = 0  # field of _INFO: tokens the block occupies
+# fields of a list entry / of the block state
 _PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
 _TLAST, _COUNT, _FIRST_REQ, _HEAD = 0, 1, 2, 3
 ABSENT = -1
@@ -133,6 +139,7 @@ PROB_SEED = 0x5851F42D4C957F2D
 SKETCH_SEED = 0x2545F4914F6CDD1D
 SKETCH_MAX = 15
 SKETCH_RESET_FACTOR = 10
+_PREFETCH_MAX = 64  # blocks of a request prefetched ahead
 
 #: Integer counters (measured period), in order: decisions per tier (block accesses),
 #: request branches (deepest tier of the usable prefix; miss = empty usable prefix),
@@ -273,34 +280,39 @@ def _bin(dq, shift):
 
 
 @njit(**NJIT_INLINE)
-def _link_mru(lst, L, b, M):
-    p = lst[L, M, _PREV]
-    lst[L, p, _NEXT] = b
-    lst[L, b, _PREV] = p
-    lst[L, b, _NEXT] = M
-    lst[L, M, _PREV] = b
+def _link_before(st, L, b, nxt):
+    """Link b into list L just before (on the least-recent side of) nxt."""
+    p = st[nxt, L, _PREV]
+    st[p, L, _NEXT] = b
+    st[b, L, _PREV] = p
+    st[b, L, _NEXT] = nxt
+    st[nxt, L, _PREV] = b
 
 
 @njit(**NJIT_INLINE)
-def _unlink(lst, L, b):
-    p = lst[L, b, _PREV]
-    n = lst[L, b, _NEXT]
-    lst[L, p, _NEXT] = n
-    lst[L, n, _PREV] = p
-    lst[L, b, _PREV] = ABSENT
+def _link_mru(st, L, b, M):
+    _link_before(st, L, b, M)
 
 
 @njit(**NJIT_INLINE)
-def _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
-           oracle_ok, sketch):
+def _unlink(st, L, b):
+    p = st[b, L, _PREV]
+    n = st[b, L, _NEXT]
+    st[p, L, _NEXT] = n
+    st[n, L, _PREV] = p
+    st[b, L, _PREV] = ABSENT
+
+
+@njit(**NJIT_INLINE)
+def _admit(v, X, now, ip, fp, st, used, cap, request, req_ts, req_group, gstat, values, oracle_ok, sketch):
     policy = ip[I_POLICY]
     if policy == P_ALL:
         return True
     if policy == P_NONE:
         return False
-    t = bstat[v, _TLAST]
+    t = st[v, _STAT, _TLAST]
     if policy == P_FREQ:
-        return bstat[v, _COUNT] >= ip[I_PARAM]
+        return st[v, _STAT, _COUNT] >= ip[I_PARAM]
     if policy == P_PROB:
         return _unit_hash(v) < fp[F_PARAM]
     if policy == P_IDLE:
@@ -310,52 +322,53 @@ def _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_
     if policy == P_ORACLE:
         return oracle_ok[t] != 0
     if policy == P_TINYLFU:
-        if used[X] + size[v] <= cap[X]:
+        if used[X] + st[v, _INFO, _SIZE] <= cap[X]:
             return True
-        M = lst.shape[1] - 1
-        return _sketch_estimate(sketch, v) > _sketch_estimate(sketch, lst[X, M, _NEXT])
+        M = st.shape[0] - 1
+        return _sketch_estimate(sketch, v) > _sketch_estimate(sketch, st[M, X, _NEXT])
     g = req_group[request[t]]
     return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
 
 
 @njit(**NJIT_INLINE)
-def _evict_lru(X, tier, nq, shift, meas, lst, used, size, cnt, hist):
+def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist):
     """Evict the least-recent block of list X; returns it."""
-    M = lst.shape[1] - 1
-    w = lst[X, M, _NEXT]
-    _unlink(lst, X, w)
-    s = size[w]
+    M = st.shape[0] - 1
+    w = st[M, X, _NEXT]
+    _unlink(st, X, w)
+    prefetch_row(st, st[st[M, X, _NEXT], X, _NEXT])  # the victim after next: its row is the next unlink's miss
+    s = st[w, _INFO, _SIZE]
     used[X] -= s
     if meas:
         cnt[C_EVICT + tier] += 1
         cnt[C_EVICT_TOK + tier] += s
-        hist[tier, 0, _bin(nq - lst[X, w, _INS], shift)] += 1
-        hist[tier, 1, _bin(nq - lst[X, w, _TCH], shift)] += 1
+        hist[tier, 0, _bin(nq - st[w, X, _INS], shift)] += 1
+        hist[tier, 1, _bin(nq - st[w, X, _TCH], shift)] += 1
     return w
 
 
 @njit(**NJIT_INLINE)
-def _try_write(v, X, tier, nq, now, meas, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group,
+def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, request, req_ts, req_group,
                gstat, values, oracle_ok, sketch, cnt, sums):
     """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
-    if lst[X, v, _PREV] != ABSENT:
+    if st[v, X, _PREV] != ABSENT:
         return False
-    s = size[v]
+    s = st[v, _INFO, _SIZE]
     if s > cap[X]:
         return False
-    val = values[bstat[v, _TLAST]] if ip[I_HAS_VALUES] else 0.0
+    val = values[st[v, _STAT, _TLAST]] if ip[I_HAS_VALUES] else 0.0
     if meas:
         cnt[C_OFFER + tier] += 1
         cnt[C_OFFER_TOK + tier] += s
         if val > 0:
             sums[S_VALUE_BOUND] += val
-    if not _admit(v, X, now, ip, fp, lst, used, cap, size, bstat, request, req_ts, req_group, gstat, values,
+    if not _admit(v, X, now, ip, fp, st, used, cap, request, req_ts, req_group, gstat, values,
                   oracle_ok, sketch):
         return False
-    M = lst.shape[1] - 1
-    _link_mru(lst, X, v, M)
-    lst[X, v, _INS] = nq
-    lst[X, v, _TCH] = nq
+    M = st.shape[0] - 1
+    _link_mru(st, X, v, M)
+    st[v, X, _INS] = nq
+    st[v, X, _TCH] = nq
     used[X] += s
     if meas:
         cnt[C_WRITE + tier] += 1
@@ -364,19 +377,49 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, lst, used, cap, size, bstat, r
     return True
 
 
+@njit(**NJIT_INLINE)
+def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash):
+    """Prefetch the rows of request r + 2's blocks, and the list neighbours of request
+    r + 1's blocks (rows prefetched one request ago), which its pins will unlink.
+    Hints only: neighbours may change before then, results never do."""
+    n_req = req_start.shape[0] - 1
+    if r + 2 < n_req:
+        for t in range(req_start[r + 2], min(req_start[r + 3], req_start[r + 2] + _PREFETCH_MAX)):
+            prefetch_row(st, block[t])
+    if r + 1 < n_req:
+        D = _LIST0 + req_node[r + 1]
+        for t in range(req_start[r + 1], min(req_start[r + 2], req_start[r + 1] + _PREFETCH_MAX)):
+            b = block[t]
+            if st[b, D, _PREV] != ABSENT:
+                prefetch_row(st, st[b, D, _PREV])
+                prefetch_row(st, st[b, D, _NEXT])
+            elif has_flash and st[b, F, _PREV] != ABSENT:
+                prefetch_row(st, st[b, F, _PREV])
+                prefetch_row(st, st[b, F, _NEXT])
+
+
 # --------------------------------------------------------------------------- kernel
 
 
 @njit(**NJIT)
-def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_group, values, oracle_ok,
-              ip, fp, cap, lst, used, bstat, gstat, sketch, sk_ops,
-              decision, since, cnt, sums, hist):
+def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, req_group, values,
+              oracle_ok, ip, fp, cap, st, used, gstat, sketch, sk_ops,
+              decision, req_level, req_out, cnt, sums, hist):
+    """Replay every request: a forward pass over each touch group decides, pins and
+    accounts its accesses, a backward pass inserts them into DRAM (module docstring).
+
+    The pins of pass 1 run forward here, at each block's first occurrence, after its
+    decision: a pin changes only the pinned block's own entries, and a repeat copies
+    the decision of its first occurrence, so every decision still sees the tiers as
+    the group found them. In-place flash reads (LRU) are linked, in forward order, just
+    behind the group's previous read in that list: the order tail-first linking at the
+    most-recent end gives."""
     n_req = req_start.shape[0] - 1
     N = ip[I_NODES]
     has_local = ip[I_HAS_LOCAL] != 0
     has_flash = ip[I_HAS_FLASH] != 0
-    local0 = N
-    F = N * (1 + ip[I_HAS_LOCAL])
+    local0 = _LIST0 + N
+    F = _LIST0 + N * (1 + ip[I_HAS_LOCAL])
     flash_lru = ip[I_FLASH_LRU] != 0
     promotion = ip[I_PROMOTION]
     write_through = ip[I_WRITE_THROUGH] != 0
@@ -384,93 +427,167 @@ def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_gro
     first_measured = ip[I_FIRST_MEASURED]
     policy = ip[I_POLICY]
     shift = ip[I_TIME_SHIFT]
+    B = np.float64(ip[I_BLOCK_TOKENS])
     use_sketch = policy == P_TINYLFU
     use_groups = policy == P_GROUP
-    M = lst.shape[1] - 1
+    M = st.shape[0] - 1
     # the first flash tier below DRAM: the node's local SSD, else the shared flash
     first_tier = 1 if has_local else (2 if has_flash else 0)
+    # accumulators of the measured period: acc[d] = accesses, tokens, occupied tokens
+    # per decision; acc[4] = accesses, tokens, occupied tokens, q of all accesses;
+    # acc[5, d] = request branches; pre[level] = usable-prefix blocks, tokens, occupied
+    # tokens, q; lgap = reuse gaps per tier. Sums of integer-valued floats: exact.
+    acc = np.zeros((6, 4), dtype=np.float64)
+    pre = np.zeros((3, 4), dtype=np.float64)
+    lgap = np.zeros((3, _HIST_LAST + 1), dtype=np.int64)
+    longest = 0
+    for r in range(n_req):
+        longest = max(longest, req_start[r + 1] - req_start[r])
+    since_buf = np.empty(longest, dtype=np.int32)  # per first occurrence: last touch in the serving tier
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
+        _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash)
         n = req_node[r]
-        D = n
+        D = _LIST0 + n
         Lc = local0 + n
         first_flash = Lc if has_local else (F if has_flash else -1)
         now = req_ts[r]
         nq = req_tq[r]
         meas = r >= first_measured
+        # the request's usable / reusable prefix (accounting)
+        usable = True
+        reusable = True
+        level = 0
+        src_d = 0.0
+        src_l = 0.0
+        src_f = 0.0
+        fl_tok = 0.0
+        fl_q = 0.0
+        miss_tok = 0.0
+        miss_q = 0.0
+        p_n = 0.0  # the current level's usable-prefix sums, flushed when the level changes
+        p_tok = 0.0
+        p_size = 0.0
+        p_q = 0.0
         n_touch_groups = 1 if prefix_aware else hi - lo
         for k in range(n_touch_groups):
             if prefix_aware:
                 a, z = lo, hi
             else:
                 a, z = lo + k, lo + k + 1
-            # ---- decide
+            behind_local = M  # the group's latest in-place read per flash list
+            behind_flash = M
+            # ---- forward: decide, pin (pass 1), account
             for t in range(a, z):
                 b = block[t]
-                s = size[b]
-                tl = bstat[b, _TLAST]
+                s = st[b, _INFO, _SIZE]
+                tl = st[b, _STAT, _TLAST]
                 if use_groups:
                     if tl >= 0:
                         gstat[req_group[request[tl]], 1] += 1
                     gstat[req_group[r], 0] += 1
+                first_req = st[b, _STAT, _FIRST_REQ]
                 if prefix_aware:
-                    cold = bstat[b, _FIRST_REQ] < 0 or bstat[b, _FIRST_REQ] == r
+                    cold = first_req < 0 or first_req == r
                 else:
-                    cold = bstat[b, _COUNT] == 0
-                bstat[b, _COUNT] += 1
-                bstat[b, _TLAST] = t
-                if bstat[b, _HEAD] < a:  # first occurrence in this touch group
-                    bstat[b, _HEAD] = t
-                if bstat[b, _FIRST_REQ] < 0:
-                    bstat[b, _FIRST_REQ] = r
+                    cold = st[b, _STAT, _COUNT] == 0
+                st[b, _STAT, _COUNT] += 1
+                st[b, _STAT, _TLAST] = t
+                if first_req < 0:
+                    st[b, _STAT, _FIRST_REQ] = r
                 if use_sketch:
                     _sketch_add(sketch, sk_ops, b)
-                if lst[D, b, _PREV] != ABSENT:
-                    d = DRAM
-                    X = D
-                elif has_local and lst[Lc, b, _PREV] != ABSENT:
-                    d = LOCAL
-                    X = Lc
-                elif has_flash and lst[F, b, _PREV] != ABSENT:
-                    d = FLASH
-                    X = F
+                head = st[b, _STAT, _HEAD]
+                if head >= a:  # a repeat in this group: decided (and pinned) at its first occurrence
+                    d = decision[head] & 3
+                    since = since_buf[head - lo]
                 else:
-                    d = MISS
-                    X = -1
-                decision[t] = d + COLD_FLAG if cold else d
-                since[t] = lst[X, b, _TCH] if X >= 0 else -1
-            # ---- touch, pass 1 (tail-first): pin DRAM blocks, promote or read flash hits
-            for t in range(z - 1, a - 1, -1):
-                b = block[t]
-                if bstat[b, _HEAD] != t:
-                    continue  # a repeat: the block is touched once, at its first position
-                s = size[b]
-                if lst[D, b, _PREV] != ABSENT:
-                    _unlink(lst, D, b)
-                    used[D] -= s
-                    continue
-                d = decision[t] & 3
-                if d == LOCAL or d == FLASH:
-                    X = Lc if d == LOCAL else F
-                    if lst[X, b, _PREV] == ABSENT:
-                        continue
-                    fits = s <= cap[D]  # a block larger than DRAM is never promoted
-                    if promotion == PROMOTE and fits:
-                        _unlink(lst, X, b)
-                        used[X] -= s
-                        if meas:
-                            cnt[C_PROMO + d] += 1
-                            cnt[C_PROMO_TOK + d] += s
-                            hist[d, 0, _bin(nq - lst[X, b, _INS], shift)] += 1
+                    st[b, _STAT, _HEAD] = t
+                    if st[b, D, _PREV] != ABSENT:
+                        d = DRAM
+                        X = D
+                    elif has_local and st[b, Lc, _PREV] != ABSENT:
+                        d = LOCAL
+                        X = Lc
+                    elif has_flash and st[b, F, _PREV] != ABSENT:
+                        d = FLASH
+                        X = F
                     else:
-                        if flash_lru:
-                            _unlink(lst, X, b)
-                            _link_mru(lst, X, b, M)
-                        lst[X, b, _TCH] = nq
-                        if meas and promotion == COPY and fits:
-                            cnt[C_PROMO + d] += 1
-                            cnt[C_PROMO_TOK + d] += s
+                        d = MISS
+                        X = -1
+                    since = st[b, X, _TCH] if X >= 0 else -1
+                    since_buf[t - lo] = since
+                    # pin
+                    if d == DRAM:
+                        _unlink(st, D, b)
+                        used[D] -= s
+                    elif d != MISS:
+                        fits = s <= cap[D]  # a block larger than DRAM is never promoted
+                        if promotion == PROMOTE and fits:
+                            _unlink(st, X, b)
+                            used[X] -= s
+                            if meas:
+                                cnt[C_PROMO + d] += 1
+                                cnt[C_PROMO_TOK + d] += s
+                                hist[d, 0, _bin(nq - st[b, X, _INS], shift)] += 1
+                        else:
+                            if flash_lru:
+                                _unlink(st, X, b)
+                                if d == LOCAL:
+                                    _link_before(st, X, b, behind_local)
+                                    behind_local = b
+                                else:
+                                    _link_before(st, X, b, behind_flash)
+                                    behind_flash = b
+                            st[b, X, _TCH] = nq
+                            if meas and promotion == COPY and fits:
+                                cnt[C_PROMO + d] += 1
+                                cnt[C_PROMO_TOK + d] += s
+                decision[t] = d + COLD_FLAG if cold else d
+                # account (forward over the request)
+                kt = np.float64(tokens[t])
+                fs = np.float64(s)
+                q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
+                if meas:
+                    if d != MISS:
+                        lgap[d, _bin(nq - since, shift)] += 1
+                    acc[d, 0] += 1.0
+                    acc[d, 1] += kt
+                    acc[d, 2] += fs
+                    acc[4, 0] += 1.0
+                    acc[4, 1] += kt
+                    acc[4, 2] += fs
+                    acc[4, 3] += q
+                if cold:
+                    reusable = False
+                if usable and d == MISS:
+                    usable = False
+                if usable:
+                    if d > level:
+                        if meas:
+                            pre[level, 0] += p_n
+                            pre[level, 1] += p_tok
+                            pre[level, 2] += p_size
+                            pre[level, 3] += p_q
+                        p_n = p_tok = p_size = p_q = 0.0
+                        level = d
+                    p_n += 1.0
+                    p_tok += kt
+                    p_size += fs
+                    p_q += q
+                    if d == DRAM:
+                        src_d += fs
+                    else:
+                        if d == LOCAL:
+                            src_l += fs
+                        else:
+                            src_f += fs
+                        fl_tok += kt
+                        fl_q += q
+                elif reusable:
+                    miss_tok += kt
+                    miss_q += q
             # ---- touch, pass 2 (tail-first): insert into DRAM, evict, write below.
             # Every write goes through the one loop below (write-through candidate
             # first, then each DRAM victim in eviction order; a local-SSD victim is
@@ -478,10 +595,10 @@ def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_gro
             # write path is compiled once.
             for t in range(z - 1, a - 1, -1):
                 b = block[t]
-                if bstat[b, _HEAD] != t:
+                if st[b, _STAT, _HEAD] != t:
                     continue
                 d = decision[t] & 3
-                s = size[b]
+                s = st[b, _INFO, _SIZE]
                 if (d == LOCAL or d == FLASH) and (promotion == NO_PROMOTION or s > cap[D]):
                     continue  # served in place
                 cand = -1
@@ -494,11 +611,11 @@ def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_gro
                     if d == MISS or not write_through:
                         cand = b
                 else:
-                    _link_mru(lst, D, b, M)
+                    _link_mru(st, D, b, M)
                     used[D] += s
                     if d != DRAM:  # a DRAM block was pinned in pass 1: it keeps its insert time
-                        lst[D, b, _INS] = nq
-                    lst[D, b, _TCH] = nq
+                        st[b, D, _INS] = nq
+                    st[b, D, _TCH] = nq
                     if write_through and d == MISS:
                         cand = b
                 while True:
@@ -507,15 +624,15 @@ def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_gro
                         tier = first_tier
                         while True:
                             if cand >= 0:
-                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, lst, used, cap, size, bstat,
-                                                   request, req_ts, req_group, gstat, values, oracle_ok, sketch, cnt,
-                                                   sums)
+                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, st, used, cap, request,
+                                                   req_ts, req_group, gstat, values, oracle_ok, sketch,
+                                                   cnt, sums)
                                 cand = -1
                                 if wrote and tier == 2:
                                     while used[F] > cap[F]:
-                                        _evict_lru(F, 2, nq, shift, meas, lst, used, size, cnt, hist)
+                                        _evict_lru(F, 2, nq, shift, meas, st, used, cnt, hist)
                             if has_local and used[Lc] > cap[Lc]:
-                                w = _evict_lru(Lc, 1, nq, shift, meas, lst, used, size, cnt, hist)
+                                w = _evict_lru(Lc, 1, nq, shift, meas, st, used, cnt, hist)
                                 if has_flash:
                                     cand = w
                                     X = F
@@ -525,94 +642,10 @@ def _simulate(block, size, req_start, request, req_ts, req_tq, req_node, req_gro
                     cand = -1
                     if used[D] <= cap[D]:
                         break
-                    w = _evict_lru(D, 0, nq, shift, meas, lst, used, size, cnt, hist)
+                    w = _evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist)
                     if not write_through:
                         cand = w
-
-
-@njit(**NJIT)
-def _account(decision, since, block, size, tokens, pos, req_start, req_tq, shift, block_tokens, first_measured,
-             req_level, req_out, cnt, sums, hist):
-    """Per-request and aggregate metrics from the decisions (a streaming pass).
-
-    The sums live in scalars (registers) and small fresh arrays and are added to the
-    outputs once; every sum is of integer-valued floats, exact in any order."""
-    B = np.float64(block_tokens)
-    acc_n = np.zeros(4, dtype=np.int64)  # per decision: accesses, tokens, occupied tokens
-    acc_tok = np.zeros(4, dtype=np.float64)
-    acc_size = np.zeros(4, dtype=np.float64)
-    pre = np.zeros((3, 4), dtype=np.float64)  # per level: blocks, tokens, occupied tokens, q
-    req_n = np.zeros(4, dtype=np.int64)
-    lgap = np.zeros((3, _HIST_LAST + 1), dtype=np.int64)
-    tot_n = 0.0
-    tot_tok = 0.0
-    tot_size = 0.0
-    tot_q = 0.0
-    for r in range(req_start.shape[0] - 1):
-        lo = req_start[r]
-        hi = req_start[r + 1]
-        nq = req_tq[r]
-        meas = r >= first_measured
-        usable = True
-        reusable = True
-        level = 0
-        src_d = 0.0
-        src_l = 0.0
-        src_f = 0.0
-        fl_tok = 0.0
-        fl_q = 0.0
-        miss_tok = 0.0
-        miss_q = 0.0
-        # the current level's usable-prefix sums, flushed when the level changes
-        p_n = 0.0
-        p_tok = 0.0
-        p_size = 0.0
-        p_q = 0.0
-        for t in range(lo, hi):
-            code = decision[t]
-            d = code & 3
-            s = np.float64(size[block[t]])
-            kt = np.float64(tokens[t])
-            q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
-            if meas:
-                if d != MISS:
-                    lgap[d, _bin(nq - since[t], shift)] += 1
-                acc_n[d] += 1
-                acc_tok[d] += kt
-                acc_size[d] += s
-                tot_n += 1.0
-                tot_tok += kt
-                tot_size += s
-                tot_q += q
-            if code & COLD_FLAG:
-                reusable = False
-            if usable and d == MISS:
-                usable = False
-            if usable:
-                if d > level:
-                    if meas:
-                        pre[level, 0] += p_n
-                        pre[level, 1] += p_tok
-                        pre[level, 2] += p_size
-                        pre[level, 3] += p_q
-                    p_n = p_tok = p_size = p_q = 0.0
-                    level = d
-                p_n += 1.0
-                p_tok += kt
-                p_size += s
-                p_q += q
-                if d == DRAM:
-                    src_d += s
-                else:
-                    if d == LOCAL:
-                        src_l += s
-                    else:
-                        src_f += s
-                    fl_tok += kt
-                    fl_q += q
-            elif reusable:
-                miss_tok += kt
-                miss_q += q
+        # ---- the request's totals
         if meas:
             pre[level, 0] += p_n
             pre[level, 1] += p_tok
@@ -631,19 +664,17 @@ def _account(decision, since, block, size, tokens, pos, req_start, req_tq, shift
             branch = level
         req_level[r] = branch
         if meas:
-            req_n[branch] += 1
+            acc[5, branch] += 1.0
     for lv in range(3):
         for w in range(4):
             sums[S_PREFIX + 4 * lv + w] += pre[lv, w]
-    sums[S_TOTAL] += tot_n
-    sums[S_TOTAL + 1] += tot_tok
-    sums[S_TOTAL + 2] += tot_size
-    sums[S_TOTAL + 3] += tot_q
+    for w in range(4):
+        sums[S_TOTAL + w] += acc[4, w]
     for d in range(4):
-        sums[S_ACC + 2 * d] += acc_tok[d]
-        sums[S_ACC + 2 * d + 1] += acc_size[d]
-        cnt[C_ACC + d] += acc_n[d]
-        cnt[C_REQ + d] += req_n[d]
+        sums[S_ACC + 2 * d] += acc[d, 1]
+        sums[S_ACC + 2 * d + 1] += acc[d, 2]
+        cnt[C_ACC + d] += np.int64(acc[d, 0])
+        cnt[C_REQ + d] += np.int64(acc[5, d])
     for tier in range(3):
         for i in range(_HIST_LAST + 1):
             hist[tier, 2, i] += lgap[tier, i]
@@ -734,6 +765,30 @@ class TierRun(NamedTuple):
     time_shift: int = 0
 
 
+def _state(size, n_lists: int) -> np.ndarray:
+    """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
+    ``_STAT``: last access, access count, first request, head of its touch group), its
+    constants (slot ``_INFO``: tokens it occupies) and its entry in each list (slot
+    ``_LIST0 + L``: prev, next, insert time, last-touch time; prev = ``ABSENT`` when
+    not in the list). Row M is every list's sentinel. One row per block keeps what an
+    access or an eviction reads of a block in one cache line (rows of 4 slots are 64
+    bytes, aligned), so S is the slot count rounded up to a multiple of 4."""
+    n_blocks = size.shape[0]
+    slots = _LIST0 + n_lists
+    slots += -slots % 4
+    row = slots * 16
+    buf = np.empty((n_blocks + 1) * row + 64, dtype=np.uint8)
+    off = -buf.ctypes.data % 64
+    buf = buf[off:off + (n_blocks + 1) * row]
+    buf.fill(0xFF)  # ABSENT everywhere (list times are written before they are read)
+    st = buf.view(np.int32).reshape(n_blocks + 1, slots, 4)
+    st[:, _STAT, _COUNT] = 0
+    st[:n_blocks, _INFO, _SIZE] = size
+    st[n_blocks, _LIST0:, _PREV] = n_blocks
+    st[n_blocks, _LIST0:, _NEXT] = n_blocks
+    return st
+
+
 def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
@@ -789,21 +844,20 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     has_local = int(local) > 0
     has_flash = int(flash) > 0
     n_lists = N * (1 + int(has_local)) + int(has_flash)
-    cap = np.zeros(n_lists, dtype=np.int64)
-    cap[:N] = int(dram)
+    # capacity of each list (from _LIST0: DRAM per node, local SSD per node, shared flash)
+    cap = np.zeros(_LIST0 + n_lists, dtype=np.int64)
+    cap[_LIST0:_LIST0 + N] = int(dram)
     if has_local:
-        cap[N:2 * N] = int(local)
+        cap[_LIST0 + N:_LIST0 + 2 * N] = int(local)
     if has_flash:
         cap[-1] = int(flash)
     if M + 1 >= 2**31:
         raise ValueError("the tier simulator indexes blocks with int32: at most 2**31 - 2 distinct blocks")
-    lst = np.full((n_lists, M + 1, 4), ABSENT, dtype=np.int32)  # times are written before they are read
-    lst[:, M, _PREV] = M
-    lst[:, M, _NEXT] = M
     if n_acc >= 2**31 - 1 or n_req >= 2**31 - 1:
         raise ValueError("the tier simulator indexes accesses and requests with int32: at most 2**31 - 2")
-    bstat = np.full((M, 4), -1, dtype=np.int32)  # 16 bytes per block
-    bstat[:, _COUNT] = 0
+    if M and (int(size.max()) >= 2**31 or int(size.min()) < 0):
+        raise ValueError("block sizes must be 0..2**31 - 1 tokens")
+    st = _state(size, n_lists)
     ip = np.zeros(N_IP, dtype=np.int64)
     ip[I_POLICY] = int(policy)
     ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
@@ -816,6 +870,7 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     ip[I_PREFIX] = int(bool(prefix_aware))
     ip[I_FIRST_MEASURED] = int(first_measured)
     ip[I_HAS_VALUES] = int(values is not None)
+    ip[I_BLOCK_TOKENS] = int(block_tokens)
     fp = np.zeros(N_FP, dtype=np.float64)
     fp[F_PARAM] = float(param)
     use_sketch = int(policy) == P_TINYLFU
@@ -833,7 +888,6 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     if int(policy) == P_ORACLE and oracle_ok.shape[0] != n_acc:
         raise ValueError("the reuse-oracle policy needs one flag per access")
     decision = np.full(n_acc, MISS, dtype=np.int8)
-    since = np.full(n_acc, -1, dtype=np.int32)
     req_level = np.full(n_req, MISS, dtype=np.int8)
     req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
     cnt = np.zeros(N_COUNTS, dtype=np.int64)
@@ -842,13 +896,11 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     req_ts = np.ascontiguousarray(req_ts, dtype=np.float64)
     req_tq, shift = quantise_times(req_ts)
     ip[I_TIME_SHIFT] = shift
-    tokens = _ints(tokens)
     if n_req > 0:
-        _simulate(block, size, req_start, _ints(request), req_ts, req_tq,
-                  np.ascontiguousarray(req_node, dtype=np.int64), req_group, values, oracle_ok, ip, fp, cap, lst, np.zeros(n_lists, dtype=np.int64), bstat, gstat, sketch,
-                  np.zeros(1, dtype=np.int64), decision, since, cnt, sums, hist)
-        _account(decision, since, block, size, tokens, _ints(pos), req_start, req_tq,
-                 shift, int(block_tokens), int(first_measured), req_level, req_out, cnt, sums, hist)
+        _simulate(block, _ints(tokens), _ints(pos), req_start, _ints(request), req_ts, req_tq,
+                  np.ascontiguousarray(req_node, dtype=np.int64), req_group, values, oracle_ok, ip, fp, cap, st,
+                  np.zeros(_LIST0 + n_lists, dtype=np.int64), gstat, sketch, np.zeros(1, dtype=np.int64),
+                  decision, req_level, req_out, cnt, sums, hist)
     cold = (decision & COLD_FLAG) != 0
     decision &= 3
     return TierRun(decision, cold, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
