@@ -61,11 +61,13 @@ def unit_hash(b: int) -> float:
 
 
 def sketch_slots(b: int, width: int) -> list[int]:
-    """Columns of block b in the sketch's 4 rows: h1 + i x h2 (mod width), from the
-    32-bit halves of one hash."""
+    """Columns of block b in the sketch's 4 rows, from the 32-bit halves h1, h2 of one
+    hash: in row i, offset (h2 >> 4i) mod g of the group of g = min(16, width)
+    columns that holds column h1 mod width."""
     h = mix64(b ^ SKETCH_SEED)
-    h1, h2 = h & 0xFFFFFFFF, (h >> 32) | 1
-    return [(h1 + i * h2) % width for i in range(4)]
+    h1, h2 = h & 0xFFFFFFFF, h >> 32
+    g = min(16, width)
+    return [(h1 % width) // g * g + ((h2 >> (4 * i)) % g) for i in range(4)]
 
 
 def quantise_times(ts: list[float]) -> tuple[list[int], int]:

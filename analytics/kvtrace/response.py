@@ -198,6 +198,6 @@ def percentiles(times) -> dict:
     if t.size == 0:
         return {"mean_s": None, **{f"p{p:g}_s": None for p in PERCENTILES}}
     out = {"mean_s": float(t.mean())}
-    for p in PERCENTILES:
-        out[f"p{p:g}_s"] = float(np.percentile(t, p, method="inverted_cdf"))
+    for p, x in zip(PERCENTILES, np.percentile(t, list(PERCENTILES), method="inverted_cdf")):
+        out[f"p{p:g}_s"] = float(x)
     return out

@@ -675,8 +675,7 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
     out["measured_accesses"] = int(rs[-1] - rs[first_req]) if R else 0
     out["measured_seconds"] = seconds
 
-    branch = pl.Series("branch", run.req_level[meas]).replace_strict(
-        [0, 1, 2, 3], ["dram", "local", "flash", "miss"], return_dtype=pl.String)
+    branch = pl.Series("branch", ["dram", "local", "flash", "miss"]).gather(run.req_level[meas].astype(np.uint32))
     requests = pl.DataFrame({
         "request": req_idx.astype(np.int64),
         "node": np.asarray(node)[meas].astype(np.int32),

@@ -70,8 +70,10 @@ being touched):
 - ``ORACLE``: ``oracle_ok[last access]`` (:func:`reuse_oracle_flags`);
 - ``TINYLFU``: admit if the tier has room, else iff the sketch estimate of the block is
   strictly greater than that of the tier's next victim (its least-recent / oldest
-  block). Count-min sketch of 4 rows of width W (a power of two), indices
-  ``(h1 + i x h2) mod W`` from the 32-bit halves of one mix64 hash (h2 odd); 4-bit
+  block). Count-min sketch of 4 rows of width W (a power of two), blocked like
+  Caffeine's: from the 32-bit halves h1, h2 of one mix64 hash, a block's counters sit
+  in group ``(h1 mod W) // g`` (g = min(16, W)) at offset ``(h2 >> 4i) mod g`` of row
+  i, and a group's 4 x g counters share one 64-byte cache line; 4-bit
   counters (saturating at 15) incremented on every access; all counters halved every
   ``10 x W`` accesses; no doorkeeper and no admission window (W-TinyLFU's window LRU
   is not modelled);
@@ -216,22 +218,23 @@ def _unit_hash(b):
 
 
 @njit(**NJIT_INLINE)
-def _sketch_slots(b, width):
-    """Row i of the sketch counts block b at ``(h1 + i x h2) mod width``: the halves of
-    one mix64 hash (double hashing; h2 odd)."""
+def _sketch_slots(b, sketch):
+    """Block b's group of the sketch (uint8 ``[W / g, 4, g]``, g = min(16, W)) and its
+    hash: row i counts b at offset ``(h2 >> 4i) mod g`` of group ``(h1 mod W) / g``
+    (h1, h2: the 32-bit halves of one mix64 hash). A group is one 64-byte cache line."""
     h = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED))
-    h1 = h & np.uint64(0xFFFFFFFF)
-    h2 = (h >> np.uint64(32)) | np.uint64(1)
-    mask = np.uint64(width - 1)
-    return h1, h2, mask
+    g = sketch.shape[2]
+    grp = np.int64((h & np.uint64(0xFFFFFFFF)) % np.uint64(sketch.shape[0] * g)) // g
+    return grp, h >> np.uint64(32)
 
 
 @njit(**NJIT_INLINE)
 def _sketch_estimate(sketch, b):
-    h1, h2, mask = _sketch_slots(b, sketch.shape[1])
+    grp, h2 = _sketch_slots(b, sketch)
+    mask = np.uint64(sketch.shape[2] - 1)
     est = SKETCH_MAX
     for i in range(4):
-        c = sketch[i, np.int64((h1 + np.uint64(i) * h2) & mask)]
+        c = sketch[grp, i, np.int64((h2 >> np.uint64(4 * i)) & mask)]
         if c < est:
             est = c
     return est
@@ -239,17 +242,17 @@ def _sketch_estimate(sketch, b):
 
 @njit(**NJIT_INLINE)
 def _sketch_add(sketch, sk_ops, b):
-    width = sketch.shape[1]
-    h1, h2, mask = _sketch_slots(b, width)
+    grp, h2 = _sketch_slots(b, sketch)
+    mask = np.uint64(sketch.shape[2] - 1)
     for i in range(4):
-        j = np.int64((h1 + np.uint64(i) * h2) & mask)
-        if sketch[i, j] < SKETCH_MAX:
-            sketch[i, j] += 1
+        j = np.int64((h2 >> np.uint64(4 * i)) & mask)
+        if sketch[grp, i, j] < SKETCH_MAX:
+            sketch[grp, i, j] += 1
     sk_ops[0] += 1
-    if sk_ops[0] >= SKETCH_RESET_FACTOR * width:
-        for i in range(4):
-            for j in range(width):
-                sketch[i, j] >>= 1
+    if sk_ops[0] >= SKETCH_RESET_FACTOR * sketch.shape[0] * sketch.shape[2]:
+        flat = sketch.reshape(-1)
+        for j in range(flat.shape[0]):
+            flat[j] >>= 1
         sk_ops[0] = 0
 
 
@@ -378,14 +381,16 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, request, req_ts
 
 
 @njit(**NJIT_INLINE)
-def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash):
-    """Prefetch the rows of request r + 2's blocks, and the list neighbours of request
-    r + 1's blocks (rows prefetched one request ago), which its pins will unlink.
-    Hints only: neighbours may change before then, results never do."""
+def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch):
+    """Prefetch the rows (and sketch groups) of request r + 2's blocks, and the list
+    neighbours of request r + 1's blocks (rows prefetched one request ago), which its
+    pins will unlink. Hints only: neighbours may change before then, results never do."""
     n_req = req_start.shape[0] - 1
     if r + 2 < n_req:
         for t in range(req_start[r + 2], min(req_start[r + 3], req_start[r + 2] + _PREFETCH_MAX)):
             prefetch_row(st, block[t])
+            if use_sketch:
+                prefetch_row(sketch, _sketch_slots(block[t], sketch)[0])
     if r + 1 < n_req:
         D = _LIST0 + req_node[r + 1]
         for t in range(req_start[r + 1], min(req_start[r + 2], req_start[r + 1] + _PREFETCH_MAX)):
@@ -447,7 +452,7 @@ def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, 
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
-        _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash)
+        _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch)
         n = req_node[r]
         D = _LIST0 + n
         Lc = local0 + n
@@ -765,6 +770,13 @@ class TierRun(NamedTuple):
     time_shift: int = 0
 
 
+def _aligned_zeros(n: int) -> np.ndarray:
+    """uint8[n] of zeros starting on a 64-byte boundary (a cache line)."""
+    buf = np.zeros(n + 64, dtype=np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n]
+
+
 def _state(size, n_lists: int) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
     ``_STAT``: last access, access count, first request, head of its touch group), its
@@ -874,9 +886,11 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     fp = np.zeros(N_FP, dtype=np.float64)
     fp[F_PARAM] = float(param)
     use_sketch = int(policy) == P_TINYLFU
-    sketch = np.zeros((4, int(sketch_width) if use_sketch else 1), dtype=np.uint8)
-    if use_sketch and (int(sketch_width) & (int(sketch_width) - 1)):
+    width = int(sketch_width) if use_sketch else 1
+    if width < 1 or width & (width - 1):
         raise ValueError("the sketch width must be a power of two")
+    g = min(16, width)
+    sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
     gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
     req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
                  else np.ascontiguousarray(req_group, dtype=np.int32))
