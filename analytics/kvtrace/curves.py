@@ -185,15 +185,26 @@ class _Stream:
 
     block: np.ndarray
     size: np.ndarray
-    req_start: np.ndarray  # R+1 (all requests, possibly empty)
+    req_start: np.ndarray  # offsets of the stream's requests (exact: all R, possibly empty)
     tokens: np.ndarray
     pos: np.ndarray
-    request: np.ndarray
+    request: np.ndarray  # the stream's request index of each access
     scale: np.ndarray | None = None  # sampling weight per access (None: exact, all 1)
+    req_ids: np.ndarray | None = None  # trace request of each stream request (None: the identity)
 
     @property
     def scale_or_empty(self) -> np.ndarray:
         return self.scale if self.scale is not None else np.empty(0, dtype=np.float64)
+
+    def first_request(self, first_req: int) -> int:
+        """The stream's first request at or after trace request ``first_req``."""
+        return first_req if self.req_ids is None else int(np.searchsorted(self.req_ids, first_req))
+
+    def request_groups(self, req_group: np.ndarray | None) -> np.ndarray | None:
+        """Per-request group labels for the stream's requests."""
+        if req_group is None or self.req_ids is None:
+            return req_group
+        return req_group[self.req_ids]
 
 
 def _full_stream(trace: Trace) -> _Stream:
@@ -220,11 +231,17 @@ def _sampled(trace: Trace, rate: float, ev: str) -> tuple[_Stream, Distances, np
         out[finite] = np.ceil(x[finite] - 1e-9).astype(np.int64)
         return out
 
-    request = a.request[t_idx]
-    req_start = np.zeros(trace.n_requests + 1, dtype=np.int64)
-    np.cumsum(np.bincount(request, minlength=trace.n_requests), out=req_start[1:])
+    # only the requests with an evaluated access (ascending, as t_idx is)
+    trace_req = a.request[t_idx]
+    new = np.empty(trace_req.shape[0], dtype=bool)
+    new[:1] = True
+    np.not_equal(trace_req[1:], trace_req[:-1], out=new[1:])
+    starts = np.flatnonzero(new)
+    req_ids = trace_req[starts]
+    req_start = np.append(starts, trace_req.shape[0]).astype(np.int64)
+    request = np.cumsum(new, dtype=np.int64) - 1
     block = a.block[t_idx]
-    stream = _Stream(block, trace.block_size, req_start, a.tokens[t_idx], a.pos[t_idx], request, weight)
+    stream = _Stream(block, trace.block_size, req_start, a.tokens[t_idx], a.pos[t_idx], request, weight, req_ids)
     d = Distances(ev, as_key(dist_e), as_key(usable_e))
     # sub-samples: by block for sampled blocks, by access for heavy ones
     c = code[block]
@@ -299,14 +316,17 @@ class _Evaluation:
     request_weights: np.ndarray | None
 
 
-def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b) -> _Evaluation:
+def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b, passed=None) -> _Evaluation:
     first = int(s.req_start[first_req])
     kgrid = grid
     G = kgrid.shape[0]
-    group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
-    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
-                    s.scale_or_empty)
-    rkeys, rmembers = _request_keys(d, s, first_req)
+    if passed is not None:  # binned chunk by chunk already (kvtrace.stream, kvtrace.distributed)
+        h, (rkeys, rmembers) = passed.hist, passed.request_keys
+    else:
+        group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
+        h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
+                        s.scale_or_empty)
+        rkeys, rmembers = _request_keys(d, s, first_req)
     rweights = None
     if s.scale is not None:  # weight of each request = weight of its first (evaluated) access
         rweights = np.zeros(rkeys.shape[0])
@@ -411,7 +431,13 @@ def compute_curve(
         req_group, names = group_labels(trace, by)
 
     sub = None
-    if rate < 1.0:
+    passed = None
+    if rate >= 1.0 and hasattr(trace, "binned_pass"):
+        # a trace too large to hold (kvtrace.stream, kvtrace.distributed): its accesses are
+        # binned on the grid chunk by chunk; per-access arrays never exist whole
+        passed = trace.binned_pass(ev, grid, first_req, req_group, len(names), B, progress=progress)
+        stream, d = passed.stream, passed.distances
+    elif rate < 1.0:
         stream, d, sub = _sampled(trace, rate, ev)
     else:
         stream = _full_stream(trace)
@@ -422,7 +448,9 @@ def compute_curve(
         else:
             d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
 
-    ev_all = _evaluate(d, stream, first_req, B, req_group, len(names), grid, a_coef, b_coef)
+    # the stream's own request numbering (a sampled stream holds only some requests)
+    s_first, s_group = stream.first_request(first_req), stream.request_groups(req_group)
+    ev_all = _evaluate(d, stream, s_first, B, s_group, len(names), grid, a_coef, b_coef, passed)
     seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
     hours = seconds / 3600.0
     nan = np.full(grid.shape, np.nan)
@@ -469,7 +497,7 @@ def compute_curve(
         "approximate": rate < 1.0,
     }
     if rate < 1.0:
-        se = _subsample_error(d, stream, sub, first_req, B, grid)
+        se = _subsample_error(d, stream, sub, s_first, B, grid)
         sel = np.searchsorted(grid, main_tokens)
         curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[sel]))
         if display is not None:
@@ -493,10 +521,11 @@ def compute_curve(
 
     ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
     # the capacity at which every metric reaches its ceiling: the largest finite key
-    measured = int(stream.req_start[first_req])
-    top = max(0, int(max_finite(d.dist, measured)), int(max_finite(d.usable, measured)))
+    measured = int(stream.req_start[s_first])
+    top = (passed.top if passed is not None
+           else max(0, int(max_finite(d.dist, measured)), int(max_finite(d.usable, measured))))
     ceiling["capacity_bytes"] = top * bpt
-    knees = _knees(d, stream, first_req, B, grid, a_coef, b_coef, ev_all, bpt)
+    knees = _knees(d, stream, s_first, B, grid, a_coef, b_coef, ev_all, bpt, passed)
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
     result.display = display
     return result
@@ -507,7 +536,7 @@ def _nan_none(x):
     return None if math.isnan(x) else x
 
 
-def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataFrame:
+def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None) -> pl.DataFrame:
     """Exact smallest capacity reaching each fraction of the ceiling, per knee metric."""
     first = int(s.req_start[first_req])
     kgrid = grid
@@ -531,7 +560,8 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataF
     bins_sorted = np.array(sorted(wanted), dtype=np.int64)
     lo_keys = np.array([kgrid[j - 1] if j > 0 else -1 for j in bins_sorted], dtype=np.int64)
     hi_keys = np.array([kgrid[j] if j < G else COLD - 1 for j in bins_sorted], dtype=np.int64)
-    ks, rng, tok, q = keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, s.scale_or_empty)
+    ks, rng, tok, q = (passed.keys_in_ranges(lo_keys, hi_keys) if passed is not None else
+                       keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, s.scale_or_empty))
     bins = bins_sorted[rng] if rng.size else rng
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]

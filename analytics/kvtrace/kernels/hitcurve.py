@@ -41,6 +41,70 @@ def _bin(grid, key):
     return lo
 
 
+# Key buckets for the bin lookup: keys below 2**_SUB_BITS are their own bucket; above,
+# a bucket is a key's octave and its next _SUB_BITS bits (256 buckets per octave).
+_SUB_BITS = 8
+_N_BUCKETS = (1 << _SUB_BITS) * (64 - _SUB_BITS + 1)
+
+
+@njit(**NJIT)
+def _bucket(key):
+    """Bucket of a key >= 0: the key itself below 256, else 256 x (octave - 7) + the
+    8 bits after the leading one (branch-free bit length)."""
+    if key < (1 << _SUB_BITS):
+        return key
+    x = key
+    e = np.int64(0)  # bit length - 1
+    k = np.int64(x >= (1 << 32)) << 5
+    x >>= k
+    e += k
+    k = np.int64(x >= (1 << 16)) << 4
+    x >>= k
+    e += k
+    k = np.int64(x >= (1 << 8)) << 3
+    x >>= k
+    e += k
+    k = np.int64(x >= (1 << 4)) << 2
+    x >>= k
+    e += k
+    k = np.int64(x >= (1 << 2)) << 1
+    x >>= k
+    e += k
+    e += np.int64(x >= 2)
+    return ((e - _SUB_BITS + 1) << _SUB_BITS) + ((key >> (e - _SUB_BITS)) & ((1 << _SUB_BITS) - 1))
+
+
+@njit(**NJIT)
+def _bucket_starts(grid):
+    """For each key bucket, the bin of its smallest key: a bin lookup then needs a few
+    comparisons at most (the grid points inside the bucket) instead of a binary
+    search of the whole grid."""
+    starts = np.empty(_N_BUCKETS, dtype=np.int64)
+    for u in range(_N_BUCKETS):
+        if u < (1 << _SUB_BITS):
+            low = np.int64(u)
+        else:
+            e = (u >> _SUB_BITS) + _SUB_BITS - 1
+            low = ((np.int64(1) << _SUB_BITS) + (u & ((1 << _SUB_BITS) - 1))) << (e - _SUB_BITS)
+        starts[u] = _bin(grid, low) if low >= 0 else grid.shape[0]
+    return starts
+
+
+@njit(**NJIT)
+def _bin_fast(grid, starts, key):
+    """:func:`_bin` via the bucket table: the bucket's first bin, then a linear step
+    over the grid points inside the bucket that are below the key."""
+    G = grid.shape[0]
+    if key == COLD:
+        return G + 1
+    if key <= 0:
+        return _bin(grid, key)
+    i = starts[_bucket(key)]
+    while i < G and grid[i] < key:
+        i += 1
+    return i
+
+
 @njit(**NJIT)
 def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, n_groups, grid, scale):
     """Per-bin weight sums for accesses ``first..N-1``, for two keys in one pass.
@@ -63,11 +127,23 @@ def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_to
     float64[2, n_groups, G + 2, N_WEIGHTS]
         ``[0]`` for ``keys_any``, ``[1]`` for ``keys_prefix``.
     """
-    G = grid.shape[0]
-    out = np.zeros((2, n_groups, G + 2, N_WEIGHTS), dtype=np.float64)
+    out = np.zeros((2, n_groups, grid.shape[0] + 2, N_WEIGHTS), dtype=np.float64)
+    binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, grid, scale)
+    return out
+
+
+@njit(**NJIT)
+def binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, grid, scale):
+    """:func:`binned_hits` adding into ``out`` (float64[2, n_groups, G + 2, N_WEIGHTS]).
+
+    Called on successive chunks of one stream with the same ``out``, it performs the
+    same additions in the same order as one call over the whole stream, so the sums
+    are equal bit for bit (streamed runs rely on this).
+    """
     grouped = group.shape[0] > 0
     scaled = scale.shape[0] > 0
     bt = np.float64(block_tokens)
+    starts = _bucket_starts(grid)
     for t in range(first, keys_any.shape[0]):
         g = group[t] if grouped else 0
         w0 = scale[t] if scaled else 1.0
@@ -76,18 +152,17 @@ def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_to
         w1 = w0 * k
         w2 = w0 * np.float64(size[block[t]])
         w3 = w0 * (k * s + k * (k - 1.0) * 0.5)
-        i = _bin(grid, keys_any[t])
+        i = _bin_fast(grid, starts, keys_any[t])
         out[0, g, i, 0] += w0
         out[0, g, i, 1] += w1
         out[0, g, i, 2] += w2
         out[0, g, i, 3] += w3
         # the usable key is a running max: mostly equal to the any-block key
-        j = i if keys_prefix[t] == keys_any[t] else _bin(grid, keys_prefix[t])
+        j = i if keys_prefix[t] == keys_any[t] else _bin_fast(grid, starts, keys_prefix[t])
         out[1, g, j, 0] += w0
         out[1, g, j, 1] += w1
         out[1, g, j, 2] += w2
         out[1, g, j, 3] += w3
-    return out
 
 
 @njit(**NJIT)

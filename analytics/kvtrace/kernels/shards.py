@@ -1,4 +1,4 @@
-"""SHARDS spatial sampling with exact heavy blocks, in one pass over the trace.
+"""SHARDS spatial sampling with exact heavy blocks, in one scan of the trace.
 
 Plain SHARDS keeps a block iff a hash of it falls below the rate R and scales the
 sampled stack distances by 1/R. LLM traces defeat it: a handful of blocks (the
@@ -25,6 +25,10 @@ that window with a small hash set: at most ``window`` steps per evaluated access
 
 Both LRU models are supported; the prefix-aware one answers a request's queries
 against the state it found, then touches its blocks tail-first.
+
+Cost: one branch-free scan of the block column picks out the tracked accesses
+(:func:`tracked_accesses`); the stack work then runs over those alone (about R of the
+accesses plus the heavy blocks').
 """
 
 from __future__ import annotations
@@ -53,24 +57,33 @@ def _strided_counts(block, n_blocks, step):
 
 
 @njit(**NJIT)
-def _tracked(bitmap, b):
-    return (bitmap[b >> 3] >> (b & 7)) & 1
+def tracked_accesses(block, bitmap, expected):
+    """The accesses whose block is tracked (its bitmap bit set): their indices
+    (ascending) and blocks.
 
-
-@njit(**NJIT)
-def _class_counts(block, bitmap, code, n_heavy):
-    """Exact accesses of each heavy block, and of sampled blocks."""
-    heavy = np.zeros(n_heavy, dtype=np.int64)
-    sampled = 0
-    for t in range(block.shape[0]):
-        b = block[t]
-        if _tracked(bitmap, b):
-            c = code[b]
-            if c >= 0:
-                sampled += 1
-            else:
-                heavy[HEAVY0 - c] += 1
-    return heavy, sampled
+    Branch-free: every access is stored and the count advances by the bit, so the scan
+    runs at memory speed however the tracked accesses are spread. ``expected`` sizes
+    the outputs; they grow by doubling when the trace holds more."""
+    n_acc = block.shape[0]
+    chunk = 1 << 16
+    out_t = np.empty(max(expected, chunk) + 1, dtype=np.int64)
+    out_b = np.empty(out_t.shape[0], dtype=np.int64)
+    n = 0
+    for lo in range(0, n_acc, chunk):
+        hi = min(lo + chunk, n_acc)
+        if n + (hi - lo) + 1 > out_t.shape[0]:
+            cap = max(2 * out_t.shape[0], n + (hi - lo) + 1)
+            grown_t = np.empty(cap, dtype=np.int64)
+            grown_b = np.empty(cap, dtype=np.int64)
+            grown_t[:n] = out_t[:n]
+            grown_b[:n] = out_b[:n]
+            out_t, out_b = grown_t, grown_b
+        for t in range(lo, hi):
+            b = block[t]
+            out_t[n] = t
+            out_b[n] = b
+            n += (bitmap[b >> 3] >> (b & 7)) & 1
+    return out_t[:n], out_b[:n]
 
 
 @njit(**NJIT)
@@ -180,40 +193,40 @@ def _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req,
 
 
 @njit(**NJIT)
-def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap, heavy_size, heavy_weight, stride,
-                     rate, window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
-                     out_t, out_dist, out_weight):
+def shards_distances(block, size, req_start, tracked, tracked_block, prefix_aware, code, heavy_size, stride, rate,
+                     window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
     """Estimated distances of the evaluated accesses, in trace order.
 
     Parameters
     ----------
+    tracked, tracked_block : int64[K]
+        Ascending indices of the accesses of tracked (sampled or heavy) blocks, and
+        their blocks (:func:`tracked_accesses`); the others are never looked at again
+        (but for the exact short windows).
     code : int32[M]
         Per-block code: index among sampled blocks (>= 0), ``SKIPPED``, or
         ``HEAVY0 - h`` for heavy block h.
-    bitmap : uint8[ceil(M / 8)]
-        Bit b set iff block b is tracked (sampled or heavy): a test that stays in
-        cache, so the pass over untracked accesses costs little more than reading them.
-    heavy_weight : float64[H]
-        Weight of an evaluated access of each heavy block (its accesses / evaluated).
     stride : int
         Every ``stride``-th access of a heavy block is evaluated.
     rate : float
         Sampling rate R; evaluated accesses of sampled blocks get weight 1/R.
     window : int
         Reuse windows of at most this many accesses are measured exactly.
-    max_len : int
-        Most accesses in one request.
-    out_t, out_dist, out_weight : preallocated outputs
-        Access index, distance estimate in tokens (inf when cold) and weight.
 
     Returns
     -------
-    int
-        Number of evaluated accesses written.
+    out_t : int64[n]
+        Evaluated access indices (ascending).
+    out_dist : float64[n]
+        Distance estimates in tokens (inf when cold).
+    out_weight : float64[n]
+        Horvitz-Thompson weights: 1/R for a sampled block, accesses / evaluated for a
+        heavy block (known at the end of the pass).
     """
     inv_rate = 1.0 / rate
     n_heavy = heavy_size.shape[0]
     heavy_seen = np.zeros(n_heavy, dtype=np.int64)
+    heavy_left = np.zeros(n_heavy, dtype=np.int64)  # accesses until the next evaluated one
     heavy_last = np.full(n_heavy, -1, dtype=np.int64)
     heavy_at = np.full(n_heavy, -1, dtype=np.int64)  # access index of the last touch
     heavy_req = np.full(n_heavy, -1, dtype=np.int64)  # its request
@@ -225,29 +238,37 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap
         cap *= 2
     table = np.full(cap, -1, dtype=np.int64)
     used = np.empty(window + 1, dtype=np.int64)
+    K = tracked.shape[0]
+    # at most K evaluated accesses: pages past the last one written are never touched
+    out_t = np.empty(K, dtype=np.int64)
+    out_dist = np.empty(K, dtype=np.float64)
+    out_weight = np.empty(K, dtype=np.float64)  # heavy: -(h + 1) until the pass ends
     clock = 0
     k = 0
-    kept = np.empty(max_len, dtype=np.int64)  # the request's tracked accesses
-    for r in range(req_start.shape[0] - 1):
+    i = 0
+    r = 0
+    while i < K:
+        while req_start[r + 1] <= tracked[i]:
+            r += 1
         lo = req_start[r]
-        hi = req_start[r + 1]
-        nk = 0
-        for t in range(lo, hi):
-            b = block[t]
-            if not _tracked(bitmap, b):
-                continue
+        end = req_start[r + 1]
+        j = i  # the request's tracked accesses are tracked[i:j]
+        while j < K and tracked[j] < end:
+            j += 1
+        for e in range(i, j):
+            t = tracked[e]
+            b = tracked_block[e]
             c = code[b]
-            kept[nk] = t
-            nk += 1
             h = HEAVY0 - c  # heavy index, or < 0 for a sampled block (c = its index)
             evaluate = True
-            if h >= 0:
-                evaluate = heavy_seen[h] % stride == 0
+            if h >= 0:  # every stride-th access, from the first
+                evaluate = heavy_left[h] == 0
+                heavy_left[h] = stride - 1 if evaluate else heavy_left[h] - 1
                 heavy_seen[h] += 1
             if evaluate:
                 p = heavy_last[h] if h >= 0 else last_time[c]
                 out_t[k] = t
-                out_weight[k] = heavy_weight[h] if h >= 0 else inv_rate
+                out_weight[k] = -(h + 1.0) if h >= 0 else inv_rate
                 if p < 0:
                     out_dist[k] = np.inf
                 else:
@@ -276,9 +297,9 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap
                     _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
                                    slot_block, slot_size, slot_time, last_slot, scalars)
         if prefix_aware:  # tail-first
-            for i in range(nk - 1, -1, -1):
-                t = kept[i]
-                b = block[t]
+            for e in range(j - 1, i - 1, -1):
+                t = tracked[e]
+                b = tracked_block[e]
                 c = code[b]
                 clock += 1
                 h = HEAVY0 - c
@@ -289,8 +310,16 @@ def shards_distances(block, size, req_start, max_len, prefix_aware, code, bitmap
                 else:
                     _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
                                    slot_block, slot_size, slot_time, last_slot, scalars)
+        i = j
     scalars[_CACHE_SLOT] = -1
-    return k
+    # heavy weights: accesses / evaluated (every stride-th of them)
+    heavy_w = np.empty(n_heavy, dtype=np.float64)
+    for h in range(n_heavy):
+        heavy_w[h] = heavy_seen[h] / max(1, (heavy_seen[h] + stride - 1) // stride)
+    for e in range(k):
+        if out_weight[e] < 0:
+            out_weight[e] = heavy_w[np.int64(-out_weight[e]) - 1]
+    return out_t[:k], out_dist[:k], out_weight[:k]
 
 
 @njit(**NJIT)
@@ -341,28 +370,20 @@ def sample_distances(block, size, req_start, request, block_hash, block_tenant, 
     need = max(1, int(np.ceil(1.0 / rate / step)))
     cand = np.flatnonzero(counts >= need)
     heavy_blocks = np.sort(cand[np.argsort(-counts[cand].astype(np.int64), kind="stable")][:MAX_HEAVY])
-    del counts
     code, n_sampled_blocks = _codes(np.ascontiguousarray(block_hash, dtype=np.uint64),
                                     np.ascontiguousarray(block_tenant, dtype=np.int32),
                                     heavy_blocks.astype(np.int64), np.uint64(int(rate * (1 << 24) + 0.5)))
-    bitmap = np.packbits(code != SKIPPED, bitorder="little")
+    is_tracked = code != SKIPPED
+    expected = int(counts[is_tracked].sum()) * step  # the strided counts, scaled up: a size hint
+    del counts
+    bitmap = np.packbits(is_tracked, bitorder="little")
     stride = max(1, int(round(1.0 / rate)))
-    heavy_counts, n_sampled = _class_counts(block, bitmap, code, heavy_blocks.shape[0])
-    heavy_evaluated = (heavy_counts + stride - 1) // stride
-    heavy_weight = heavy_counts / np.maximum(heavy_evaluated, 1)
-    n = int(heavy_evaluated.sum()) + int(n_sampled)
+    tracked, tracked_block = tracked_accesses(block, bitmap, expected + expected // 8)
     state = StackState(n_sampled_blocks + 1)
     slot_time = np.zeros(state.slot_block.shape[0], dtype=np.int64)
-    out_t = np.empty(n, dtype=np.int64)
-    out_dist = np.empty(n, dtype=np.float64)
-    out_w = np.empty(n, dtype=np.float64)
-    max_len = int(np.diff(req_start).max()) if req_start.shape[0] > 1 else 0
-    k = shards_distances(block, size, req_start, max(max_len, 1), prefix_aware, code, bitmap, size[heavy_blocks].astype(np.int64),
-                         heavy_weight.astype(np.float64), stride, float(rate),
-                         int(window if window is not None else round(4.0 / rate)), state.tree, state.offsets,
-                         state.slot_block, state.slot_size, slot_time, state.last_slot, state.scalars,
-                         out_t, out_dist, out_w)
-    if k != n:
-        raise AssertionError(f"evaluated {k} accesses, expected {n}")
+    out_t, out_dist, out_w = shards_distances(
+        block, size, req_start, tracked, tracked_block, prefix_aware, code, size[heavy_blocks].astype(np.int64), stride,
+        float(rate), int(window if window is not None else round(4.0 / rate)), state.tree, state.offsets,
+        state.slot_block, state.slot_size, slot_time, state.last_slot, state.scalars)
     usable = usable_estimates(out_t, out_dist, request)
     return out_t, out_dist, usable, out_w, heavy_blocks, code
