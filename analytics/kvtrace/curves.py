@@ -573,18 +573,25 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None
             if metric == "request_hit_rate":
                 if req_sorted is None:
                     rk = ev_all.request_keys[ev_all.request_members]
-                    rw = (np.ones(rk.shape[0]) if ev_all.request_weights is None
-                          else ev_all.request_weights[ev_all.request_members])
+                    rw = None if ev_all.request_weights is None else ev_all.request_weights[ev_all.request_members]
                     warm = rk != COLD
-                    rk, rw = rk[warm], rw[warm]
-                    order = np.argsort(rk, kind="stable")
-                    req_sorted = (rk[order], np.cumsum(rw[order]))
+                    rk = rk[warm]
+                    if rw is None:  # every request weighs 1: the i-th smallest key, no sort
+                        req_sorted = (rk, None)
+                    else:
+                        order = np.argsort(rk, kind="stable")
+                        req_sorted = (rk[order], np.cumsum(rw[warm][order]))
                 rk, c = req_sorted
                 if rk.size == 0:
                     rows.append((metric, f, 0.0, None, None))
                     continue
-                i = int(np.searchsorted(c, f * c[-1] * (1 - 1e-12), side="left"))
-                key = int(rk[min(i, rk.shape[0] - 1)])
+                if c is None:  # cumulative weights 1, 2, ..., n
+                    n = rk.shape[0]
+                    i = min(max(math.ceil(f * n * (1 - 1e-12)) - 1, 0), n - 1)
+                    key = int(np.partition(rk, i)[i])
+                else:
+                    i = int(np.searchsorted(c, f * c[-1] * (1 - 1e-12), side="left"))
+                    key = int(rk[min(i, rk.shape[0] - 1)])
             else:
                 if (metric, f) not in targets:
                     rows.append((metric, f, 0.0, None, None))

@@ -209,9 +209,8 @@ def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, sca
 @njit(**NJIT)
 def max_finite(keys, first):
     """Largest key other than COLD among accesses ``first..`` (-1 when none)."""
-    top = -1
+    top = np.int64(-1)
     for t in range(first, keys.shape[0]):
         k = keys[t]
-        if k != COLD and k > top:
-            top = k
+        top = max(top, k if k != COLD else np.int64(-1))  # branch-free: a select and a max
     return top
