@@ -54,21 +54,45 @@ def umask():
 # ------------------------------------------------------------------- atomic_path
 
 
-def test_atomic_path_writes_the_destination_on_success(tmp_path):
+@pytest.fixture(params=["unnamed", "named"])
+def temp_mode(request, monkeypatch):
+    """Both kinds of temporary file: unnamed (Linux O_TMPFILE) and named (elsewhere)."""
+    if request.param == "named":
+        monkeypatch.setenv("KVTRACE_NAMED_TEMP", "1")
+    else:
+        monkeypatch.delenv("KVTRACE_NAMED_TEMP", raising=False)
+        if not hasattr(os, "O_TMPFILE"):
+            pytest.skip("no O_TMPFILE on this platform")
+    return request.param
+
+
+def test_atomic_path_writes_the_destination_on_success(tmp_path, temp_mode):
     dest = tmp_path / "out.csv"
     dest.write_bytes(OLD)
     with atomic_path(dest) as tmp:
-        assert tmp.parent == tmp_path
         assert tmp != dest
-        assert tmp.name.startswith(".out.csv.") and tmp.name.endswith(".csv.tmp")
+        if temp_mode == "named":
+            assert tmp.parent == tmp_path
+            assert tmp.name.startswith(".out.csv.") and tmp.name.endswith(".csv.tmp")
+        else:
+            assert str(tmp).startswith("/proc/self/fd/")  # no name in the directory at all
+            assert listing(tmp_path) == ["out.csv"]
         tmp.write_bytes(b"new\n")
         assert dest.read_bytes() == OLD  # nothing visible until the body finishes
     assert dest.read_bytes() == b"new\n"
     assert listing(tmp_path) == ["out.csv"]
 
 
+def test_atomic_path_named_on_request(tmp_path):
+    dest = tmp_path / "db.duckdb"
+    with atomic_path(dest, suffix=".duckdb", named=True) as tmp:
+        assert tmp.parent == tmp_path and tmp.name.endswith(".duckdb.tmp")
+        tmp.write_bytes(b"x")
+    assert dest.read_bytes() == b"x" and listing(tmp_path) == ["db.duckdb"]
+
+
 @pytest.mark.parametrize("exc", [RuntimeError("disk on fire"), KeyboardInterrupt()], ids=["error", "interrupt"])
-def test_atomic_path_keeps_the_old_file_when_the_body_raises(tmp_path, exc):
+def test_atomic_path_keeps_the_old_file_when_the_body_raises(tmp_path, exc, temp_mode):
     dest = tmp_path / "curve.parquet"
     dest.write_bytes(OLD)
     with pytest.raises(type(exc)):
@@ -80,7 +104,7 @@ def test_atomic_path_keeps_the_old_file_when_the_body_raises(tmp_path, exc):
     assert listing(tmp_path) == ["curve.parquet"]
 
 
-def test_atomic_path_interrupted_before_any_write_leaves_nothing(tmp_path):
+def test_atomic_path_interrupted_before_any_write_leaves_nothing(tmp_path, temp_mode):
     dest = tmp_path / "new.json"
     with pytest.raises(KeyboardInterrupt):
         with atomic_path(dest):
@@ -91,13 +115,45 @@ def test_atomic_path_interrupted_before_any_write_leaves_nothing(tmp_path):
 def test_atomic_path_body_that_deletes_its_temp_file_still_raises_cleanly(tmp_path):
     dest = tmp_path / "x.csv"
     with pytest.raises(FileNotFoundError):
-        with atomic_path(dest) as tmp:
+        with atomic_path(dest, named=True) as tmp:
             tmp.unlink()
     assert listing(tmp_path) == []
 
 
+def test_stale_temporary_files_of_dead_processes_are_removed(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    host = "".join(c for c in socket.gethostname() if c.isalnum())[:16] or "host"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()  # a pid that has exited
+    stale = [f".out.csv.{host}-{dead}.abcd1234.csv.tmp", f".out.csv.{host}-{dead}.ab.duckdb.tmp.wal"]
+    kept = [f".out.csv.{host}-{os.getpid()}.live.csv.tmp",  # a running process: still writing
+            f".out.csv.otherhost-{dead}.x.csv.tmp",  # another machine's (shared file system)
+            f".other.csv.{host}-{dead}.x.csv.tmp", "out.csv.tmp"]
+    for name in stale + kept:
+        (tmp_path / name).write_bytes(b"partial")
+    write_text_atomic(tmp_path / "out.csv", "a\n")
+    assert listing(tmp_path) == sorted(kept + ["out.csv"])
+
+
+def test_atomic_path_in_a_read_only_directory_is_a_user_error(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    try:
+        with pytest.raises(KvtraceError) as info:
+            write_text_atomic(ro / "x.csv", "a")
+        assert "cannot write here" in str(info.value)
+    finally:
+        ro.chmod(0o755)
+
+
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o027, 0o640), (0o077, 0o600), (0o002, 0o664)])
-def test_new_file_mode_follows_the_umask(tmp_path, umask, mask, mode):
+def test_new_file_mode_follows_the_umask(tmp_path, umask, mask, mode, temp_mode):
     umask(mask)
     dest = tmp_path / "out.json"
     write_json_atomic(dest, {"a": 1})
@@ -200,7 +256,7 @@ def test_write_table_replaces_an_existing_file(tmp_path):
 
 @pytest.mark.parametrize("exc", [OSError(28, "No space left on device"), KeyboardInterrupt()],
                          ids=["disk-full", "interrupt"])
-def test_write_table_failure_mid_write_keeps_the_old_file(tmp_path, monkeypatch, exc):
+def test_write_table_failure_mid_write_keeps_the_old_file(tmp_path, monkeypatch, exc, temp_mode):
     dest = tmp_path / "t.parquet"
     dest.write_bytes(OLD)
 

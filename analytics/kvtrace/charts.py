@@ -116,3 +116,80 @@ def frontier_chart(table) -> alt.LayerChart:
         tooltip=["config", "flash_share", "writes_tib_per_day", "hit_rate_compute"],
     )
     return alt.layer(points).properties(width=640, height=360, title="Flash admission frontier: gain vs wear")
+
+
+def sizing_curve_chart(result) -> alt.LayerChart:
+    """The capacity-hit curve of a sizing run with today's and the recommended
+    capacities marked (all nodes and tiers pooled, bytes on a log axis).
+
+    Parameters
+    ----------
+    result : kvtrace.sizing.SizingResult
+    """
+    base = curve_chart(result.curve, metrics=("prefix_token_hit_rate", "compute_saved_rate"),
+                       title="Capacity-hit curve with today's and the recommended capacities")
+    fig = result.recommendation.figures
+    nodes = result.config.nodes
+    marks = [("today: DRAM", result.config.current_dram_bytes * nodes)]
+    if fig.get("dram_bytes"):
+        marks.append(("recommended: DRAM", fig["dram_bytes"] * nodes))
+    if fig.get("flash_bytes") or fig.get("local_ssd_bytes"):
+        marks.append(("recommended: all tiers", fig["total_bytes"]))
+    data = pl.DataFrame({"label": [m[0] for m in marks],
+                         "capacity_gib": [float(m[1]) / 2**30 for m in marks]}).filter(pl.col("capacity_gib") > 0)
+    rules = alt.Chart(data).mark_rule(strokeWidth=2).encode(
+        x="capacity_gib:Q", color=alt.Color("label:N", title="marked", scale=alt.Scale(scheme="dark2")),
+        tooltip=["label:N", "capacity_gib:Q"])
+    return alt.layer(*base.layer, rules).resolve_scale(color="independent").properties(
+        width=640, height=360, title=base.title)
+
+
+def cost_slo_chart(result) -> alt.LayerChart:
+    """Monthly cost against the SLO metric (P99, or the mean when only a mean target is
+    set) of every configuration the sizing search evaluated, with the cost-latency
+    frontier, the SLO target and the replayed same-SLO candidates.
+
+    Parameters
+    ----------
+    result : kvtrace.sizing.SizingResult
+    """
+    cfg = result.config
+    metric, target = ("p99_ms", cfg.slo_p99_ms) if cfg.slo_p99_ms is not None else ("mean_ms", cfg.slo_mean_ms)
+    label = "P99" if metric == "p99_ms" else "mean"
+    pts = result.search.select("candidate", "monthly_cost_usd", metric, "total_bytes", "within_limits").drop_nulls(
+        metric).filter(pl.col(metric) > 0).with_columns(
+        (pl.col("total_bytes").cast(pl.Float64) / 2**30).alias("total_gib"))
+    front = pts.filter(pl.col("within_limits")).sort("monthly_cost_usd", metric)
+    keep, best = [], float("inf")
+    for c, v in zip(front["monthly_cost_usd"], front[metric]):
+        keep.append(v < best)
+        best = min(best, v)
+    front = front.filter(pl.Series(keep))
+    x = alt.X("monthly_cost_usd:Q", title="monthly cost of the configuration ($)", scale=alt.Scale(type="symlog"))
+    y = alt.Y(f"{metric}:Q", title=f"{label} reusable-prefix time (ms)", scale=alt.Scale(type="log"))
+    layers = [
+        alt.Chart(pts).mark_point(opacity=0.35, size=30).encode(
+            x=x, y=y, color=alt.Color("candidate:N", title="candidate"),
+            shape=alt.Shape("within_limits:N", title="within bandwidth and endurance"),
+            tooltip=["candidate", "monthly_cost_usd", metric, "total_gib", "within_limits"]),
+        alt.Chart(front).mark_line(interpolate="step-after", color="gray", strokeDash=[2, 2]).encode(x=x, y=y),
+    ]
+    if target is not None:
+        layers.append(alt.Chart(pl.DataFrame({"target": [float(target)], "label": [f"SLO {label}"]}))
+                      .mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y="target:Q", tooltip=["label"]))
+    conf = result.candidates.filter((pl.col("lens") == "same-slo") & pl.col("config").is_not_null()).select(
+        "candidate", "config", "policy", "monthly_cost_usd", metric, "feasible").filter(pl.col(metric) > 0)
+    layers.append(alt.Chart(conf).mark_point(size=140, filled=True, shape="diamond").encode(
+        x=x, y=y, color=alt.Color("candidate:N"), stroke=alt.value("black"),
+        tooltip=["candidate", "config", "policy", "monthly_cost_usd", metric, "feasible"]))
+    rec = result.recommendation
+    if rec.figures.get(metric):
+        star = pl.DataFrame({"monthly_cost_usd": [rec.figures["monthly_cost_usd"]], metric: [rec.figures[metric]],
+                             "label": [f"recommended: {rec.candidate}"]})
+        layers.append(alt.Chart(star).mark_point(shape="cross", size=400, color="black", strokeWidth=2).encode(
+            x=x, y=y, tooltip=["label", "monthly_cost_usd", metric]))
+    return alt.layer(*layers).properties(
+        width=640, height=360,
+        title=alt.TitleParams("Cost against the SLO metric", subtitle="small points: search estimates (admit-all); "
+                              "diamonds: replayed same-SLO candidates; dashed: cost-latency frontier within "
+                              "bandwidth and endurance"))

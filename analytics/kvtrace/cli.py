@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import typer
+import typer.core
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
@@ -25,8 +26,42 @@ from . import __version__
 from .errors import KvtraceError, UsageError
 from .units import format_bytes, format_seconds, parse_sizes
 
+def _click_exceptions():
+    """The exceptions module of the click that typer runs on (typer >= 0.20 vendors its own)."""
+    return sys.modules[typer.BadParameter.__module__]
+
+
+class _OneLineUsageErrors(typer.core.TyperGroup):
+    """Usage errors found while parsing the command line (an unknown option, a value of
+    the wrong type, a missing argument) as one ``kvtrace: error:`` line, exit 2, like
+    every other error (DESIGN: one error contract); click would print a boxed block."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        click = _click_exceptions()
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.NoArgsIsHelpError as exc:  # `kvtrace` alone: the help, as usual
+            from typer import rich_utils
+
+            rich_utils.rich_format_error(exc)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "kvtrace"
+            msg = " ".join(exc.format_message().split())
+            err_console.print(f"kvtrace: error: {msg} (see '{where} --help')", markup=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            err_console.print("kvtrace: aborted", markup=False)
+            sys.exit(1)
+        # non-standalone click returns a command's exit code, and a command returns None
+        sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
+
+
 app = typer.Typer(
     name="kvtrace",
+    cls=_OneLineUsageErrors,
     help="Where should KV-cache context live, and how much memory and flash to buy? "
     "Replays LLM request traces (prompts as chains of block hashes) through exact cache models.",
     add_completion=False,
@@ -55,6 +90,16 @@ def _main(
     _state["debug"] = debug
 
 
+#: library field names (dataclass attributes) -> the command-line option that sets them
+_OPTION_OF_FIELD = {
+    "dollars_per_hour": "gpu-price", "peak_flops": "gpu", "recompute_flops_per_s": "gpu",
+    "dram_fixed_s": "dram-latency-ms", "dram_bytes_per_s": "dram-gbps", "flash_fixed_s": "flash-latency-ms",
+    "flash_bytes_per_s": "flash-gbps", "overhead_s": "overhead-ms", "write_dollars_per_tb": "write-cost",
+    "read_dollars_per_tb": "read-cost", "occupancy_dollars_per_tb_month": "occupancy-cost",
+    "kv_bytes_per_token": "kv-bytes-per-token", "block_tokens": "block-tokens", "rate_per_s": "rate",
+}
+
+
 def handles_errors(fn: Callable) -> Callable:
     """One-line errors: KvtraceError -> exit 1 (UsageError -> 2); tracebacks only with --debug."""
 
@@ -62,11 +107,13 @@ def handles_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (typer.Exit, typer.Abort):
+        except (typer.Exit, typer.Abort, _click_exceptions().ClickException):
             raise
         except KvtraceError as exc:
             if _state["debug"]:
                 raise
+            if exc.path is None and exc.field in _OPTION_OF_FIELD:  # the option the user typed, not the attribute
+                exc.field = _OPTION_OF_FIELD[exc.field]
             err_console.print(f"kvtrace: error: {exc.one_line()}", markup=False, soft_wrap=True)
             raise typer.Exit(2 if isinstance(exc, UsageError) else 1) from None
         except KeyboardInterrupt:
@@ -83,6 +130,14 @@ def handles_errors(fn: Callable) -> Callable:
             where = f"{exc.filename}: " if getattr(exc, "filename", None) else ""
             err_console.print(f"kvtrace: error: {where}{exc.strerror or exc}", markup=False, soft_wrap=True)
             raise typer.Exit(1) from None
+        except Exception as exc:  # a bug, or bad input that no check anticipated: still one line
+            if _state["debug"]:
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0][:300]
+            err_console.print(f"kvtrace: error: internal error ({type(exc).__name__}: {first}); "
+                              "rerun with --debug for the traceback and please report it",
+                              markup=False, soft_wrap=True)
+            raise typer.Exit(1) from None
 
     return wrapper
 
@@ -98,6 +153,11 @@ class Fmt(str, Enum):
 class Eviction(str, Enum):
     prefix_aware = "prefix-aware"
     flat = "flat"
+
+
+class Engine(str, Enum):
+    local = "local"
+    dask = "dask"
 
 
 class By(str, Enum):
@@ -122,11 +182,13 @@ class SynthFmt(str, Enum):
 
 # Options shared by the commands that read a trace or need a model.
 FormatOpt = typer.Option(Fmt.auto, "--format", "-f", help="Input format (auto-detected from suffix and fields).")
-BlockTokensOpt = typer.Option(None, "--block-tokens", min=1, help="Tokens per block (default: the format's; required for generic tables).")
+BlockTokensOpt = typer.Option(None, "--block-tokens", min=1, max=1 << 20, help="Tokens per block (default: the format's; required for generic tables).")
 ShareTenantsOpt = typer.Option(False, "--share-tenants", help="Equal hashes in different tenants are the same block.")
 ModelOpt = typer.Option(None, "--model", "-m", help="Model preset or path to a Hugging Face config.json (default Llama-3.1-70B; see `kvtrace models`).")
-KvBytesOpt = typer.Option(None, "--kv-bytes-per-token", min=1, help="Override KV bytes per token.")
+KvBytesOpt = typer.Option(None, "--kv-bytes-per-token", min=1, max=1 << 24, help="Override KV bytes per token.")
 DtypeOpt = typer.Option(None, "--dtype", help="KV-cache dtype: fp32, bf16, fp16, fp8, int8, fp4.")
+EngineOpt = typer.Option(Engine.local, "--engine", help="local (this machine) or dask (a Dask cluster; pip install 'kvtrace\\[dask]'): curve gives a partitioned estimate with its error bound, whatif runs one configuration per task.")
+SchedulerOpt = typer.Option(None, "--scheduler", help="Dask scheduler address, e.g. tcp://10.0.0.5:8786 (default: start a local cluster of --workers processes).")
 
 
 def _progress() -> Progress:
@@ -142,10 +204,14 @@ def _progress() -> Progress:
     )
 
 
-def _load(path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool = False):
+def _load(path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool = False,
+          workload: Optional[str] = None):
+    """Load a trace; ``workload`` (a key of kvtrace.guard.PROFILES) refuses, before the
+    access table is built, a run that would not fit in memory."""
     from .ingest import load_trace
 
-    trace = load_trace(path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants)
+    trace = load_trace(path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
+                       workload=workload)
     for w in trace.warnings:
         err_console.print(f"kvtrace: warning: {path}: {w}", markup=False, soft_wrap=True)
     return trace
@@ -182,7 +248,7 @@ def _write_json(path: str, obj) -> None:
 @app.command()
 @handles_errors
 def ingest(
-    src: Path = typer.Argument(..., help="Trace file: Mooncake/Bailian JSONL (.gz ok), Parquet or CSV."),
+    src: Path = typer.Argument(..., help="Trace: Mooncake/Bailian JSONL (gzip/zstd ok, or a directory of shards), Parquet or CSV."),
     out: Path = typer.Option(..., "--out", "-o", help="Canonical Parquet to write."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
@@ -196,7 +262,8 @@ def ingest(
     from .ingest import distinct_blocks, load_requests, write_canonical
 
     t0 = time.perf_counter()
-    df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants)
+    df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
+                                       workload="ingest")
     for w in warnings:
         err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
     write_canonical(df, meta, out)
@@ -228,7 +295,7 @@ def stats(
     """What is in a trace: size, arrivals, lengths, reuse and the most valuable shared prefixes."""
     from .stats import trace_stats
 
-    trace = _load(trace_path, fmt, block_tokens, share_tenants)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="stats")
     result = trace_stats(trace, _model(model, kv_bytes_per_token, dtype))
     if json_out == "-":
         _write_json("-", result.to_dict())
@@ -282,7 +349,7 @@ def stats(
 @app.command()
 @handles_errors
 def models(
-    block_tokens: int = typer.Option(512, "--block-tokens", min=1, help="Block size for the bytes-per-block column."),
+    block_tokens: int = typer.Option(512, "--block-tokens", min=1, max=1 << 20, help="Block size for the bytes-per-block column."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the tables as JSON to this file ('-' = stdout)."),
 ) -> None:
     """Model presets (KV bytes per token and per block) and GPU presets."""
@@ -307,17 +374,64 @@ def models(
     console.print(g)
 
 
+# ---------------------------------------------------------------------------- app
+@app.command("app")
+@handles_errors
+def app_command(
+    trace_path: Optional[Path] = typer.Argument(None, metavar="TRACE", help="Trace to open (default: the bundled sample chat.jsonl)."),
+    port: int = typer.Option(8501, "--port", "-p", min=1, max=65535, help="Port to serve on (localhost)."),
+    headless: bool = typer.Option(False, "--headless", help="Do not open a browser tab (servers, CI)."),
+    fmt: Fmt = FormatOpt,
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Interactive dashboard (Streamlit): overview, curves, what-ifs and sizing in the browser.
+
+    Serves on localhost until Ctrl+C; opens on TRACE, or on the bundled sample when
+    none is given. Every figure comes from the same functions as the commands.
+    """
+    import signal
+    import subprocess
+
+    from .appdata import LoadOptions, streamlit_command
+
+    argv, env = streamlit_command(trace_path, port=port, headless=headless,
+                                  options=LoadOptions(fmt.value, block_tokens, share_tenants))
+    err_console.print(f"kvtrace app: serving on http://localhost:{port} (Ctrl+C stops it)", markup=False)
+    proc = subprocess.Popen(argv, env=env)
+    stopped = []
+
+    def stop(signum, frame):  # a SIGTERM (supervisor, CI) must not leave Streamlit running orphaned
+        stopped.append(signum)
+        proc.terminate()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:  # Streamlit got the same SIGINT: let it shut down
+        stopped.append(signal.SIGINT)
+        try:
+            code = proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            code = proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if code and not stopped:
+        raise typer.Exit(code)
+
+
 # ---------------------------------------------------------------------------- synth
 @app.command()
 @handles_errors
 def synth(
     kind: SynthKind = typer.Option(SynthKind.chat, "--kind", help="Workload: chat, agent, rag or mixed."),
     requests: int = typer.Option(2000, "--requests", "-n", min=1, help="Number of requests."),
-    seed: int = typer.Option(0, "--seed", help="Random seed (same seed, same trace)."),
+    seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1, help="Random seed (same seed, same trace)."),
     out: Path = typer.Option(..., "--out", "-o", help="File to write."),
     fmt: SynthFmt = typer.Option(SynthFmt.mooncake, "--format", help="mooncake / bailian JSONL, or canonical parquet."),
-    block_tokens: Optional[int] = typer.Option(None, "--block-tokens", min=1, help="Tokens per block (default 512; 16 for bailian)."),
-    rate: Optional[float] = typer.Option(None, "--rate", min=0.0, help="Mean session arrival rate, per second."),
+    block_tokens: Optional[int] = typer.Option(None, "--block-tokens", min=1, max=1 << 20, help="Tokens per block (default 512; 16 for bailian)."),
+    rate: Optional[float] = typer.Option(None, "--rate", min=1e-6, help="Mean session arrival rate, per second."),
     chunk_requests: Optional[int] = typer.Option(None, "--chunk-requests", min=1, help="Generate and write in chunks of this many requests (very large traces)."),
 ) -> None:
     """Generate a realistic synthetic trace (multi-turn chat, tool agents, RAG, shared system prompts)."""
@@ -374,6 +488,11 @@ def curve(
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Read a Parquet trace in chunks, memory bounded by its distinct blocks, same results bit for bit (default: when the in-memory run would exceed half the available memory or $KVTRACE_MEMORY_BUDGET)."),
+    engine: Engine = EngineOpt,
+    scheduler: Optional[str] = SchedulerOpt,
+    workers: int = typer.Option(2, "--workers", min=1, help="Processes of the local Dask cluster (--engine dask without --scheduler)."),
+    partitions: Optional[int] = typer.Option(None, "--partitions", min=1, help="Spatial partitions of a Dask curve (default: the cluster's worker threads, at least 2)."),
 ) -> None:
     """Capacity-hit curves: what each cache size saves, in requests, tokens, bytes and GPU compute.
 
@@ -399,24 +518,36 @@ def curve(
     m = _model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
     caps = parse_sizes(capacity) if capacity else None
-    trace = _load(trace_path, fmt, block_tokens, share_tenants)
-
-    t0 = time.perf_counter()
     dist = None
-    display_caps = None
-    if caps is None:
-        display_caps = _round_capacities(trace.meta.block_tokens * m.kv_bytes_per_token,
-                                         int(trace.block_size.sum()) * m.kv_bytes_per_token) or None
-    with _progress() as prog:
-        task = prog.add_task("reuse distances", total=max(trace.n_accesses, 1))
-        cb = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
-        if distances_out is not None:
-            dist = reuse_distances(trace, eviction.value, details=True, progress=cb)
-        result = compute_curve(
-            trace, model=m, gpu=g, eviction=eviction.value, capacities=caps, display_capacities=display_caps,
-            points=points, warmup=warmup, by=by.value if by else None, sample_rate=sample_rate, distances=dist,
-            progress=cb,
-        )
+    if engine == Engine.dask:
+        for flag, value in (("distances-out", distances_out), ("by", by), ("sample-rate", sample_rate)):
+            if value is not None:
+                raise UsageError(f"--{flag} is not available with --engine dask", field=flag)
+        t0 = time.perf_counter()
+        result = _curve_on_dask(trace_path, scheduler, workers, partitions, fmt, block_tokens, share_tenants,
+                                model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points,
+                                warmup=warmup)
+    else:
+        trace = _open_curve_trace(trace_path, fmt, block_tokens, share_tenants, stream, by, distances_out)
+        t0 = time.perf_counter()
+        display_caps = None
+        if caps is None:
+            display_caps = _round_capacities(trace.meta.block_tokens * m.kv_bytes_per_token,
+                                             int(trace.block_size.sum()) * m.kv_bytes_per_token) or None
+        with _progress() as prog:
+            task = prog.add_task("reuse distances", total=max(trace.n_accesses, 1))
+            cb = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
+            if distances_out is not None:
+                dist = reuse_distances(trace, eviction.value, details=True, progress=cb)
+            try:
+                result = compute_curve(
+                    trace, model=m, gpu=g, eviction=eviction.value, capacities=caps,
+                    display_capacities=display_caps, points=points, warmup=warmup, by=by.value if by else None,
+                    sample_rate=sample_rate, distances=dist, progress=cb,
+                )
+            finally:
+                if hasattr(trace, "close"):  # a streamed trace removes its spill files
+                    trace.close()
     display = result.display if result.display is not None else result.curve
     elapsed = time.perf_counter() - t0
 
@@ -448,15 +579,63 @@ def curve(
             err_console.print(f"wrote {label}: {p}", markup=False)
 
 
+def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
+                      stream: Optional[bool], by, distances_out):
+    """The trace in memory, or scanned in chunks (kvtrace.stream) when it should stream."""
+    from .stream import open_stream, should_stream
+
+    if not should_stream(trace_path, fmt.value, stream):
+        return _load(trace_path, fmt, block_tokens, share_tenants,
+                     workload="curve-distances" if distances_out is not None else "curve")
+    if distances_out is not None:
+        raise UsageError("--distances-out writes every access: not available on a streamed trace (--no-stream)",
+                         field="distances-out")
+    keep = {"type": ("type",), "tenant": ("tenant",), "turn": ("turn",),
+            "session-length": ("session_id",)}.get(by.value if by else "", ())
+    err_console.print(f"kvtrace: streaming {trace_path.name} in row-group chunks: memory bounded by its distinct "
+                      "blocks, results equal to the in-memory run", markup=False, soft_wrap=True)
+    with _progress() as prog:
+        task = prog.add_task("scan (streaming)", total=1)
+        trace = open_stream(trace_path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
+                            columns=keep, progress=lambda d, t: prog.update(task, completed=d, total=t))
+    for w in trace.warnings:
+        err_console.print(f"kvtrace: warning: {trace_path}: {w}", markup=False, soft_wrap=True)
+    return trace
+
+
+def _curve_on_dask(trace_path: Path, scheduler: Optional[str], workers: int, partitions: Optional[int], fmt: Fmt,
+                   block_tokens: Optional[int], share_tenants: bool, **options):
+    """A partitioned-estimate curve on a Dask cluster (kvtrace.distributed)."""
+    from .distributed import dask_client, partitioned_curve
+
+    bpt = options["model"].kv_bytes_per_token
+    if options.get("capacities") is None:
+        options["display_capacities"] = lambda b, total: _round_capacities(b * bpt, total * bpt) or None
+    with dask_client(scheduler, workers) as client, _progress() as prog:
+        task = prog.add_task("partitions (dask)", total=1)
+        result = partitioned_curve(trace_path, client=client, partitions=partitions, fmt=fmt.value,
+                                   block_tokens=block_tokens, share_tenants=share_tenants,
+                                   progress=lambda d, t: prog.update(task, completed=d, total=t), **options)
+    for w in result.info.get("warnings", []):
+        err_console.print(f"kvtrace: warning: {trace_path}: {w}", markup=False, soft_wrap=True)
+    return result
+
+
 def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
     info = result.info
     title = (f"{trace_path.name}: {info['model']} ({info['kv_bytes_per_token']:,} B/token), "
              f"{info['eviction']} LRU")
     if result.approximate:
         err = info["error_estimate"]
+        pts = lambda x: "-" if x is None else f"{100 * x:.2f}"  # noqa: E731  (None: too few sampled accesses)
         title += (f"\nAPPROXIMATE: SHARDS sample rate {info['sample_rate']:g}, est. standard error of the "
-                  f"usable-prefix token rate: mean {100 * err['mean_standard_error']:.2f} pts, "
-                  f"max {100 * err['max_standard_error']:.2f} pts")
+                  f"usable-prefix token rate: mean {pts(err['mean_standard_error'])} pts, "
+                  f"max {pts(err['max_standard_error'])} pts")
+    part = info.get("partitioned")
+    if part:
+        title += (f"\nPARTITIONED ESTIMATE: {part['partitions']} spatial partitions on Dask; error bound of the "
+                  f"usable-prefix token rate (3-sigma capacity band, estimated): max {100 * part['max_error_bound']:.2f} "
+                  f"pts, mean {100 * part['mean_error_bound']:.2f} pts")
     t = Table(title=title)
     cols = [("capacity", "capacity_bytes"), ("requests", "request_hit_rate"),
             ("prefix tokens", "prefix_token_hit_rate"), ("any-block tokens", "token_hit_rate"),
@@ -538,7 +717,7 @@ def value(
     write_cost: Optional[float] = typer.Option(None, "--write-cost", help="$ per TB written to the tier (default 0.20, illustrative)."),
     read_cost: Optional[float] = typer.Option(None, "--read-cost", help="$ per TB read from the tier (default 0)."),
     occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="$ per TB-month stored (default 20, illustrative)."),
-    top: int = typer.Option(10, "--top", min=1, help="How many prefixes to list."),
+    top: int = typer.Option(10, "--top", min=1, max=1_000_000, help="How many prefixes to list."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the per-block table: .parquet, .csv or .json."),
     prefixes_out: Optional[Path] = typer.Option(None, "--prefixes-out", help="Write the per-prefix rollup (.parquet/.csv/.json)."),
     accesses_out: Optional[Path] = typer.Option(None, "--accesses-out", help="Write per-access next use, reuses and value (.parquet/.csv/.json)."),
@@ -570,7 +749,7 @@ def value(
     )
     m = _model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
-    trace = _load(trace_path, fmt, block_tokens, share_tenants)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="value")
     t0 = time.perf_counter()
     result = value_report(trace, model=m, gpu=g, horizon_s=h, costs=costs)
     elapsed = time.perf_counter() - t0
@@ -687,13 +866,15 @@ def whatif(
     flash_latency_ms: float = typer.Option(1.0, "--flash-latency-ms", help="Flash restore fixed latency, ms."),
     overhead_ms: float = typer.Option(1.0, "--overhead-ms", help="Per-request overhead of having a flash tier, ms."),
     horizon: str = typer.Option("1h", "--horizon", help="Horizon of the value kernel for value>=v policies."),
-    workers: int = typer.Option(2, "--workers", min=1, help="Processes for several configurations."),
+    workers: int = typer.Option(2, "--workers", min=1, help="Processes for several configurations (with --engine dask: the local cluster's workers)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the comparison table (.parquet/.csv/.json)."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Frontier chart: flash hit share vs flash bytes written (.html/.png/.svg)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the comparison as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
+    engine: Engine = EngineOpt,
+    scheduler: Optional[str] = SchedulerOpt,
 ) -> None:
     """Tier what-ifs: DRAM over local SSD / shared flash, admission policies, nodes.
 
@@ -731,15 +912,26 @@ def whatif(
     response = ResponseModel(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
                              flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
                              overhead_s=overhead_ms / 1e3, recompute_flops_per_s=g.effective_flops)
-    trace = _load(trace_path, fmt, block_tokens, share_tenants)
+    parallel = engine != Engine.dask and min(workers, len(configs)) > 1
+    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="whatif-parallel" if parallel else "whatif")
     values = None
     if any(c.parsed_policy.kind == "value" for c in configs):
         from .value import future_reuse, parse_horizon
 
         values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_dollars
     t0 = time.perf_counter()
-    table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value, values=values,
-                  warmup=warmup, workers=min(workers, len(configs)))
+    if engine == Engine.dask:  # one configuration per task; the table equals a one-process sweep
+        from .distributed import dask_client
+        from .distributed import sweep as dask_sweep
+
+        with dask_client(scheduler, workers) as client, _progress() as prog:
+            task = prog.add_task("configurations (dask)", total=len(configs))
+            table = dask_sweep(trace, configs, client=client, model=m, gpu=g, response=response,
+                               eviction=eviction.value, values=values, warmup=warmup,
+                               progress=lambda d, t: prog.update(task, completed=d, total=t))
+    else:
+        table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value, values=values,
+                      warmup=warmup, workers=min(workers, len(configs)))
     elapsed = time.perf_counter() - t0
     if json_out == "-":
         _write_json("-", {"configs": table.to_dicts()})
@@ -782,8 +974,526 @@ def _render_whatif(trace_path: Path, table, elapsed: float, n: int) -> None:
     console.print(f"[dim]{n} configuration(s) in {elapsed:.2f} s[/dim]")
 
 
+# ---------------------------------------------------------------------------- estimate
+estimate_app = typer.Typer(
+    help="Back-of-the-envelope calculators on given numbers: latency, cost and bandwidth (DESIGN sections 4-5).",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+app.add_typer(estimate_app, name="estimate")
+
+
+def _print_explain(lines) -> None:
+    console.print("how each number is computed:", style="bold")
+    for line in lines:
+        console.print(f"  {line}", markup=False, soft_wrap=True)
+
+
+def _money(x) -> str:
+    if x is None:
+        return "-"
+    return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+
+
+@estimate_app.command("latency")
+@handles_errors
+def estimate_latency(
+    h_dram: float = typer.Option(..., "--h-dram", help="Share of all requests served from DRAM (unconditional), 0-1."),
+    h_flash: float = typer.Option(0.0, "--h-flash", help="Share of all requests served from flash (unconditional: not the hit rate among DRAM misses), 0-1."),
+    dram_ms: float = typer.Option(..., "--dram-ms", help="DRAM restore time D, ms."),
+    flash_ms: float = typer.Option(..., "--flash-ms", help="Flash restore time F, ms."),
+    recompute_ms: float = typer.Option(..., "--recompute-ms", help="Recompute time R of a miss, ms."),
+    overhead_ms: float = typer.Option(0.0, "--overhead-ms", help="Per-request overhead O of having the flash tier, ms (every request pays it)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the figures as JSON to this file ('-' = stdout only)."),
+) -> None:
+    """Mean and tail reusable-prefix time per option, the branch table and the break-even flash latency.
+
+    Means are h_D D + h_F F + (1 - h_D - h_F) R + O; percentiles come from the branch
+    distribution, never from averaging.
+    """
+    from .estimate import latency
+
+    r = latency(h_dram, h_flash, dram_ms, flash_ms, recompute_ms, overhead_ms)
+    if json_out == "-":
+        _write_json("-", r.to_dict())
+        return
+    ms = lambda x: f"{x:,.1f} ms"  # noqa: E731
+    t = Table(title="reusable-prefix service time per option")
+    for h in ("option", "mean", "P50", "P90", "P99", "P99.9"):
+        t.add_column(h, justify="left" if h == "option" else "right")
+    for o in r.options:
+        t.add_row(o["option"], ms(o["mean_ms"]), ms(o["p50_ms"]), ms(o["p90_ms"]), ms(o["p99_ms"]), ms(o["p99.9_ms"]))
+    console.print(t)
+    b = Table(title="branches (each a point mass at its time)")
+    for h in ("option", "branch", "share", "time"):
+        b.add_column(h, justify="left" if h in ("option", "branch") else "right")
+    for row in r.branches:
+        b.add_row(row["option"], row["branch"], f"{row['share']:.4g}", ms(row["time_ms"]))
+    console.print(b)
+    be = "none (h_F = 0)" if r.h_flash == 0 else ms(r.break_even_flash_ms)
+    console.print(f"break-even flash latency: F < {be}; F = {flash_ms:g} ms "
+                  f"{'pays off' if r.flash_pays_off else 'does not pay off'} on average", markup=False)
+    _print_explain(r.explain)
+    if json_out:
+        _write_json(json_out, r.to_dict())
+        err_console.print(f"wrote json: {json_out}", markup=False)
+
+
+@estimate_app.command("cost")
+@handles_errors
+def estimate_cost(
+    hardware: Optional[float] = typer.Option(None, "--hardware", help="Hardware budget of the current option, $."),
+    months: float = typer.Option(36.0, "--months", help="Amortisation, months (straight line, zero residual)."),
+    support: float = typer.Option(0.0, "--support", help="Software support of the current option, $ per month."),
+    kw: float = typer.Option(0.0, "--kw", help="Power of the current option, kW."),
+    kwh_price: float = typer.Option(0.12, "--kwh-price", help="Electricity, $ per kWh."),
+    reserve: float = typer.Option(0.0, "--reserve", help="Replacement reserve of the current option, $ per month."),
+    hours_per_month: float = typer.Option(730.0, "--hours-per-month", help="Hours in a month."),
+    new_hardware: Optional[float] = typer.Option(None, "--new-hardware", help="Hardware budget of the proposed option, $ (its months and $/kWh as above)."),
+    new_support: float = typer.Option(0.0, "--new-support", help="Software support of the proposed option, $ per month."),
+    new_kw: float = typer.Option(0.0, "--new-kw", help="Power of the proposed option, kW."),
+    new_reserve: float = typer.Option(0.0, "--new-reserve", help="Replacement reserve of the proposed option, $ per month."),
+    incremental: Optional[float] = typer.Option(None, "--incremental", help="Incremental monthly cost of the proposal, $ (instead of --new-*)."),
+    gpu_hours: Optional[float] = typer.Option(None, "--gpu-hours", help="GPU-hours the proposal frees per month."),
+    requests: Optional[float] = typer.Option(None, "--requests", help="Requests per month (with --share and --gpu-seconds instead of --gpu-hours)."),
+    share: Optional[float] = typer.Option(None, "--share", help="Share of requests with an extra hit, 0-1."),
+    gpu_seconds: Optional[float] = typer.Option(None, "--gpu-seconds", help="Prefill GPU-seconds one extra hit avoids."),
+    restore_gpu_seconds: float = typer.Option(0.0, "--restore-gpu-seconds", help="GPU-seconds a restore itself costs."),
+    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="$ per GPU-hour (needed for the value side)."),
+    realisation: float = typer.Option(1.0, "--realisation", help="Share of freed GPU time that becomes money, 0-1."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the figures as JSON to this file ('-' = stdout only)."),
+) -> None:
+    """Monthly cost of an option, the increment of a proposal, and its value, net and break-even realisation.
+
+    Monthly cost = hardware / months + support + kW x hours x $/kWh + reserve. Value =
+    GPU-hours freed x $/GPU-hour; only a realised share of it becomes money.
+    """
+    from .estimate import cost_benefit, monthly_cost
+
+    common = dict(amortisation_months=months, dollars_per_kwh=kwh_price, hours_per_month=hours_per_month)
+    current = None if hardware is None else monthly_cost(
+        hardware, support_monthly_usd=support, kw=kw, reserve_monthly_usd=reserve, label="current", **common)
+    proposed = None if new_hardware is None else monthly_cost(
+        new_hardware, support_monthly_usd=new_support, kw=new_kw, reserve_monthly_usd=new_reserve, label="proposed",
+        **common)
+    if incremental is not None and proposed is not None:
+        raise UsageError("give --incremental or --new-hardware, not both", field="incremental")
+    value_side = gpu_hours is not None or requests is not None
+    if current is None and proposed is None and incremental is None:
+        raise UsageError("nothing to price: give --hardware (and --new-hardware or --incremental)", field="hardware")
+    result = None
+    if value_side:
+        if gpu_price is None:
+            raise UsageError("the value side needs --gpu-price ($ per GPU-hour)", field="gpu-price")
+        if incremental is not None:
+            result = cost_benefit(dollars_per_gpu_hour=gpu_price, realisation=realisation,
+                                  incremental_monthly_usd=incremental, gpu_hours=gpu_hours,
+                                  requests_per_month=requests, share=share, gpu_seconds_avoided=gpu_seconds,
+                                  gpu_seconds_restore=restore_gpu_seconds)
+        else:
+            result = cost_benefit(dollars_per_gpu_hour=gpu_price, realisation=realisation, current=current,
+                                  proposed=proposed, gpu_hours=gpu_hours, requests_per_month=requests, share=share,
+                                  gpu_seconds_avoided=gpu_seconds, gpu_seconds_restore=restore_gpu_seconds)
+    payload = {"current": current.to_dict() if current else None, "proposed": proposed.to_dict() if proposed else None,
+               "benefit": result.to_dict() if result else None}
+    if result is None and incremental is None and proposed is not None:
+        payload["incremental_monthly_usd"] = proposed.monthly_usd - (current.monthly_usd if current else 0.0)
+    if json_out == "-":
+        _write_json("-", payload)
+        return
+    t = Table(title="monthly cost and benefit", show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    for c in (current, proposed):
+        if c is not None:
+            t.add_row(f"{c.label}: monthly cost", _money(c.monthly_usd))
+    if result is not None:
+        inc = result.incremental_monthly_usd
+        t.add_row("incremental cost", ("+" if inc >= 0 else "") + _money(inc))
+        t.add_row("GPU-hours freed per month", f"{result.gpu_hours_freed:,.6g}")
+        t.add_row("value per month", _money(result.value_monthly_usd))
+        t.add_row(f"realised at {100 * result.realisation:g} %", _money(result.realised_monthly_usd))
+        t.add_row("net per month", _money(result.net_monthly_usd))
+        be = result.break_even_realisation
+        t.add_row("break-even realisation", "-" if be is None else f"{100 * be:.1f} %")
+        lines = (current.explain if incremental is not None and current is not None else []) + result.explain
+    else:
+        if "incremental_monthly_usd" in payload:
+            inc = payload["incremental_monthly_usd"]
+            t.add_row("incremental cost", ("+" if inc >= 0 else "") + _money(inc))
+        lines = [line for c in (current, proposed) if c is not None for line in c.explain]
+    console.print(t)
+    _print_explain(lines)
+    if json_out:
+        _write_json(json_out, payload)
+        err_console.print(f"wrote json: {json_out}", markup=False)
+
+
+@estimate_app.command("bandwidth")
+@handles_errors
+def estimate_bandwidth(
+    rate: float = typer.Option(..., "--rate", help="Request arrivals per second (mean)."),
+    share: float = typer.Option(..., "--share", help="Share of requests that read the tier, 0-1."),
+    read_bytes: str = typer.Option(..., "--bytes", help="Bytes read per such request, e.g. 8GiB or 1.3GB."),
+    peak_rate: Optional[float] = typer.Option(None, "--peak-rate", help="Arrivals per second in the busiest window."),
+    tier_bandwidth: Optional[str] = typer.Option(None, "--tier-bandwidth", help="What the tier delivers, e.g. 200GiB/s or 80GB/s."),
+    restore_bandwidth: Optional[str] = typer.Option(None, "--restore-bandwidth", help="Bandwidth one restore gets, e.g. 32GiB/s (gives the transfer floor)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the figures as JSON to this file ('-' = stdout only)."),
+) -> None:
+    """Read bandwidth a tier must serve: arrival rate x share reading it x bytes per read, mean and peak.
+
+    Compared with what the tier delivers; check the busiest window, not only the mean.
+    """
+    from .estimate import bandwidth, parse_rate
+    from .units import parse_size
+
+    r = bandwidth(rate, share, parse_size(read_bytes, field="bytes"),
+                  tier_bytes_per_s=None if tier_bandwidth is None else parse_rate(tier_bandwidth, field="tier-bandwidth"),
+                  peak_arrival_rate_per_s=peak_rate,
+                  restore_bytes_per_s=None if restore_bandwidth is None else parse_rate(restore_bandwidth,
+                                                                                       field="restore-bandwidth"))
+    if json_out == "-":
+        _write_json("-", r.to_dict())
+        return
+    bw = lambda x: "-" if x is None else f"{format_bytes(x)}/s ({x / 1e9:,.4g} GB/s)"  # noqa: E731
+    t = Table(title="read bandwidth", show_header=False)
+    t.add_column("figure")
+    t.add_column("value", justify="right")
+    t.add_row("mean need", bw(r.needed_bytes_per_s))
+    if r.peak_needed_bytes_per_s is not None:
+        t.add_row("peak need", bw(r.peak_needed_bytes_per_s))
+    if r.tier_bytes_per_s is not None:
+        t.add_row("tier delivers", bw(r.tier_bytes_per_s))
+        t.add_row("mean utilisation", _fmt_rate(r.utilisation))
+        if r.peak_utilisation is not None:
+            t.add_row("peak utilisation", _fmt_rate(r.peak_utilisation))
+        t.add_row("headroom", f"{r.headroom:,.2f}x" + ("" if r.fits else " (does NOT fit)"))
+    if r.transfer_floor_ms is not None:
+        t.add_row("transfer floor of one read", f"{r.transfer_floor_ms:,.1f} ms")
+    console.print(t)
+    _print_explain(r.explain)
+    if json_out:
+        _write_json(json_out, r.to_dict())
+        err_console.print(f"wrote json: {json_out}", markup=False)
+
+
+# ---------------------------------------------------------------------------- size
+@app.command()
+@handles_errors
+def size(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="Sizing TOML (see sample_traces/tiers.example.toml); default: that file's illustrative numbers."),
+    report: Optional[Path] = typer.Option(None, "--report", help="Write a self-contained report: .html (embedded Altair charts) or .md."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the candidates table (.parquet/.csv/.json)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the whole result as JSON ('-' = stdout only)."),
+    fmt: Fmt = FormatOpt,
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Tier sizing: keep, expand DRAM, add local SSD or shared flash, tier both, or recompute — and why.
+
+    Six candidates under three lenses (same SLO, same capacity, same budget): searched
+    on the capacity-hit curves, confirmed by exact tier replays with the admission
+    policy chosen, checked for bandwidth and endurance, priced per month.
+    """
+    from .outputs import table_format, write_table, write_text_atomic
+    from .sizing import default_config, load_config, recommend, report_html, report_markdown
+
+    if out is not None:
+        table_format(out)
+    if report is not None and report.suffix.lower() not in (".html", ".htm", ".md", ".markdown"):
+        found = f"suffix '{report.suffix}'" if report.suffix else "no suffix"
+        raise UsageError(f"unsupported report file ({found}): expected .html or .md", field="report")
+    if config_path is None:
+        config = default_config()
+        err_console.print("kvtrace: warning: no --config: using the illustrative numbers of "
+                          "sample_traces/tiers.example.toml", markup=False, soft_wrap=True)
+    else:
+        config = load_config(config_path)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="size")
+    with _progress() as prog:
+        task = prog.add_task("sizing", total=1000)
+        cb = lambda frac, msg: prog.update(task, completed=int(1000 * frac), description=msg[:40])  # noqa: E731
+        result = recommend(trace, config, progress=cb, trace_name=str(trace_path))
+    if json_out == "-":
+        _write_json("-", result.to_dict())
+    else:
+        _render_size(trace_path, result)
+    if out is not None:
+        write_table(result.candidates, out, metadata={"info": result.file_info(), "config": config.to_dict()})
+    if report is not None:
+        text = report_html(result) if report.suffix.lower() in (".html", ".htm") else report_markdown(result)
+        write_text_atomic(report, text)
+    if json_out and json_out != "-":
+        _write_json(json_out, result.to_dict())
+    for label, p in (("candidates", out), ("report", report), ("json", json_out)):
+        if p is not None and p != "-":
+            err_console.print(f"wrote {label}: {p}", markup=False)
+
+
+def _render_size(trace_path: Path, result) -> None:
+    from .sizing import CANDIDATE_TEXT, LENSES
+
+    info, cfg = result.info, result.config
+    ms = lambda x: "-" if x is None else f"{x:,.1f} ms"  # noqa: E731
+    signed = lambda x: "-" if x is None else ("+" if x >= 0 else "") + _money(x)  # noqa: E731
+    titles = {"same-slo": f"same SLO ({cfg.slo_text()}): cheapest configuration per candidate",
+              "same-capacity": f"same capacity ({format_bytes(info['same_capacity_bytes'])} in total)",
+              "same-budget": f"same budget ({_money(info['budget_monthly_usd'])}/month)"}
+    for lens in LENSES:
+        t = Table(title=f"{trace_path.name}: {titles[lens]}")
+        for h in ("#", "candidate", "configuration", "admission", "DRAM", "flash", "mean", "P99", "$/month", "net/month",
+                  "break-even", "DWPD", "ok"):
+            t.add_column(h, justify="left" if h in ("candidate", "configuration", "admission") else "right")
+        for r in result.candidates.filter(result.candidates["lens"] == lens).sort("rank").iter_rows(named=True):
+            t.add_row(str(r["rank"]), CANDIDATE_TEXT[r["candidate"]], r["config"] or "-", r["policy"] or "-",
+                      _fmt_rate(r["h_dram"]), _fmt_rate(r["h_flash"]), ms(r["mean_ms"]), ms(r["p99_ms"]),
+                      _money(r["monthly_cost_usd"]), signed(r["net_monthly_usd"]),
+                      _fmt_rate(r["break_even_realisation"]), "-" if r["dwpd"] is None else f"{r['dwpd']:,.2f}",
+                      "yes" if r["feasible"] else "no", style=None if r["feasible"] else "dim")
+        console.print(t)
+    rec = result.recommendation
+    head = CANDIDATE_TEXT[rec.candidate] + (f" ({rec.config}" + (f", admission {rec.policy}" if rec.policy else "")
+                                             + ")" if rec.config else "")
+    console.print(f"recommendation: {head}", style="bold", markup=False, soft_wrap=True)
+    for line in rec.reasons:
+        console.print(f"  - {line}", markup=False, soft_wrap=True)
+    console.print("risks:", style="bold")
+    for line in rec.risks:
+        console.print(f"  - {line}", markup=False, soft_wrap=True)
+    if rec.whatif_command:
+        console.print("replay it: " + rec.whatif_command, markup=False, soft_wrap=True)
+    console.print(f"[dim]{info['search_points']:,} configurations searched, {info['replays']:,} replays; "
+                  f"computed in {info['elapsed_s']:.2f} s[/dim]")
+
+
+# ---------------------------------------------------------------------------- export / sql
+def _export_costs(write_cost: Optional[float], read_cost: Optional[float], occupancy_cost: Optional[float]):
+    from .value import DEFAULT_COSTS, StorageCosts
+
+    base = DEFAULT_COSTS.to_dict()
+    return StorageCosts.per_tb(
+        write_dollars_per_tb=base["write_dollars_per_tb"] if write_cost is None else write_cost,
+        read_dollars_per_tb=base["read_dollars_per_tb"] if read_cost is None else read_cost,
+        occupancy_dollars_per_tb_month=base["occupancy_dollars_per_tb_month"] if occupancy_cost is None
+        else occupancy_cost,
+    )
+
+
+def _stage_progress(prog: Progress):
+    """A ``progress(stage, done, total)`` callback driving one Rich task."""
+    task = prog.add_task("loading", total=1)
+
+    def update(stage: str, done: int, total: int) -> None:
+        prog.update(task, description=stage, completed=done, total=max(total, 1))
+
+    return update
+
+
+@app.command()
+@handles_errors
+def export(
+    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    db: Path = typer.Option(..., "--db", "-o", help="DuckDB database to write; an existing one is replaced atomically."),
+    model: Optional[str] = ModelOpt,
+    kv_bytes_per_token: Optional[int] = KvBytesOpt,
+    dtype: Optional[str] = DtypeOpt,
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset that prices compute: H100, H200, B200, A100."),
+    mfu: Optional[float] = typer.Option(None, "--mfu", help="Prefill model FLOPs utilisation (0-1]."),
+    gpu_price: Optional[float] = typer.Option(None, "--gpu-price", help="$ per GPU-hour."),
+    eviction: Eviction = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model of every distance, as for kvtrace curve."),
+    warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up: a fraction of requests (0.1, 10%) or a duration (10min)."),
+    points: int = typer.Option(200, "--points", min=2, max=100000, help="Capacities of the curve table (log-spaced)."),
+    horizon: str = typer.Option("1h", "--horizon", help="Horizon of the future-reuse value: 90s, 10min, 2h or inf."),
+    write_cost: Optional[float] = typer.Option(None, "--write-cost", help="Value: $ per TB written (default 0.20, illustrative)."),
+    read_cost: Optional[float] = typer.Option(None, "--read-cost", help="Value: $ per TB read (default 0)."),
+    occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="Value: $ per TB-month stored (default 20, illustrative)."),
+    whatif: Optional[Path] = typer.Option(None, "--whatif", help="Also load a `kvtrace whatif --out` table as table whatif."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", help="Also write every table as DIR/TABLE.parquet (the sql/ views work over them)."),
+    fmt: Fmt = FormatOpt,
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Write a DuckDB database of a trace for SQL: requests, accesses, blocks, curve, views and macros.
+
+    Runs the exact analyses once (reuse distances, the curve, the future-reuse value)
+    and stores per-request, per-access and per-block results with the sql/ views and
+    macros. Open it with the DuckDB CLI or any DuckDB client, or with `kvtrace sql`.
+    """
+    from .export import export_database
+    from .model import resolve_gpu
+    from .value import parse_horizon
+
+    h = parse_horizon(horizon)
+    costs = _export_costs(write_cost, read_cost, occupancy_cost)
+    m = _model(model, kv_bytes_per_token, dtype)
+    g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
+    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="export")
+    with _progress() as prog:
+        result = export_database(trace, db, parquet_dir=parquet, model=m, gpu=g, eviction=eviction.value,
+                                 warmup=warmup, points=points, horizon_s=h, costs=costs, whatif=whatif,
+                                 progress=_stage_progress(prog))
+    t = Table()
+    t.add_column("table")
+    t.add_column("rows", justify="right")
+    for name, rows in result.tables.items():
+        t.add_row(name, f"{rows:,}")
+    console.print(t)
+    console.print(f"wrote {db}: {format_bytes(result.bytes)} in {result.seconds:.2f} s; open it with "
+                  f"`duckdb {db}` or `kvtrace sql {db}`", soft_wrap=True, markup=False)
+    for p in result.parquet:
+        err_console.print(f"wrote parquet: {p}", markup=False)
+
+
+class SqlFormat(str, Enum):
+    table = "table"
+    csv = "csv"
+    json = "json"
+    parquet = "parquet"
+
+
+def _sql_cell(value) -> str:
+    import decimal
+    import math
+
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    if isinstance(value, decimal.Decimal):
+        return str(value)
+    return str(value)
+
+
+def _render_sql(result, max_rows: int) -> None:
+    import pyarrow as pa
+
+    t = Table(show_lines=False)
+    for name, field in zip(result.columns, result.table.schema):
+        numeric = pa.types.is_integer(field.type) or pa.types.is_floating(field.type) or pa.types.is_decimal(field.type)
+        t.add_column(name, justify="right" if numeric else "left")
+    rows = result.rows()
+    for row in rows[:max_rows]:
+        t.add_row(*[_sql_cell(v) for v in row])
+    console.print(t)
+    if len(rows) > max_rows:
+        console.print(f"[dim]{len(rows) - max_rows:,} more rows (--max-rows, or write them with -o)[/dim]")
+    elif not rows:
+        console.print("[dim](no rows)[/dim]")
+
+
+@app.command()
+@handles_errors
+def sql(
+    target: Path = typer.Argument(..., metavar="TRACE_OR_DB", help="A database from `kvtrace export`, or a trace file (analysed into a temporary in-memory database)."),
+    command: Optional[str] = typer.Option(None, "--command", "-c", help="SQL to run (several statements separated by ';')."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Run the SQL in this file."),
+    example: Optional[str] = typer.Option(None, "--example", "-e", help="Run a bundled example query of sql/examples, by name or number (e.g. 08)."),
+    out_format: Optional[SqlFormat] = typer.Option(None, "--format", help="table (terminal), csv, json or parquet (needs -o); default: from the -o suffix, else table."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result of the last statement to this file."),
+    max_rows: int = typer.Option(200, "--max-rows", min=1, help="Rows shown per result in table format."),
+    set_vars: Optional[list[str]] = typer.Option(None, "--set", help="NAME=SQL: set a variable before the query (the examples' parameters), e.g. --set window_s=600."),
+    write: bool = typer.Option(False, "--write", help="Open the database for writing (default read-only)."),
+    model: Optional[str] = ModelOpt,
+    kv_bytes_per_token: Optional[int] = KvBytesOpt,
+    dtype: Optional[str] = DtypeOpt,
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="For a trace: GPU preset that prices compute."),
+    eviction: Optional[Eviction] = typer.Option(None, "--eviction", help="For a trace: LRU model (default prefix-aware)."),
+    warmup: Optional[str] = typer.Option(None, "--warmup", help="For a trace: warm-up fraction or duration."),
+    horizon: Optional[str] = typer.Option(None, "--horizon", help="For a trace: horizon of the future-reuse value (default 1h)."),
+    trace_format: Fmt = typer.Option(Fmt.auto, "--trace-format", help="For a trace: input format (auto-detected)."),
+    block_tokens: Optional[int] = BlockTokensOpt,
+    share_tenants: bool = ShareTenantsOpt,
+) -> None:
+    """Query a trace in SQL (DuckDB): an exported database, or a trace analysed on the fly.
+
+    Runs -c, -f or --example and prints the results; with none of them, reads SQL from
+    standard input, or opens an interactive prompt with history on a terminal. The
+    tables, views and macros are those of `kvtrace export`.
+    """
+    from .export import is_database
+    from .sqlshell import (analyse_in_memory, example_by_name, open_database, output_format, repl, result_text,
+                           run_script, write_result)
+
+    fmt_name = output_format(out_format.value if out_format else None, out)
+    variables = []
+    for item in set_vars or []:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip().isidentifier() or not value.strip():
+            raise UsageError(f"expected NAME=VALUE (a SQL expression), got '{item}'", field="set")
+        variables.append(f"SET VARIABLE {name.strip()} = {value.strip()};")
+    sources = [x for x in (command, file, example) if x is not None]
+    if len(sources) > 1:
+        raise UsageError("give one of -c, -f and --example", field="command")
+    if is_database(target):
+        given = {"--model": model, "--kv-bytes-per-token": kv_bytes_per_token, "--dtype": dtype, "--gpu": gpu,
+                 "--eviction": eviction, "--warmup": warmup, "--horizon": horizon, "--block-tokens": block_tokens}
+        used = [k for k, v in given.items() if v is not None] + (["--share-tenants"] if share_tenants else [])
+        if used:
+            raise UsageError(f"{', '.join(used)} only apply to a trace: the database was made with its own "
+                             "options (see trace_meta); re-export to change them", field=used[0].lstrip("-"))
+        con = open_database(target, write=write)
+    else:
+        from .value import parse_horizon
+
+        trace = _load(target, trace_format, block_tokens, share_tenants, workload="sql")
+        with _progress() as prog:
+            con = analyse_in_memory(trace, model=_model(model, kv_bytes_per_token, dtype), gpu=gpu,
+                                    eviction=(eviction or Eviction.prefix_aware).value, warmup=warmup,
+                                    horizon_s=parse_horizon(horizon), progress=_stage_progress(prog))
+    try:
+        if variables:
+            run_script(con, "\n".join(variables), source="--set")
+        if command is not None:
+            text, source = command, "query"
+        elif file is not None:
+            if not file.is_file():
+                raise KvtraceError("no such file", path=str(file))
+            text, source = file.read_text(encoding="utf-8"), str(file)
+        elif example is not None:
+            path = example_by_name(example)
+            text, source = path.read_text(encoding="utf-8"), path.name
+        elif sys.stdin.isatty():
+            if out is not None:
+                raise UsageError("-o needs a query (-c, -f or --example)", field="out")
+
+            def show(result) -> None:
+                if fmt_name == "table":
+                    _render_sql(result, max_rows)
+                else:
+                    sys.stdout.write(result_text(result, fmt_name))
+
+            repl(con, show, lambda line: console.print(line, markup=False, highlight=False))
+            return
+        else:
+            text, source = sys.stdin.read(), "stdin"
+            if not text.strip():
+                raise UsageError("no query: give -c, -f or --example, or SQL on standard input", field="command")
+        results = run_script(con, text, source=source)
+        if out is not None:
+            if not results:
+                raise KvtraceError("nothing to write: the last statement returns no rows", path=str(out))
+            write_result(results[-1], out, fmt_name)
+            err_console.print(f"wrote {fmt_name}: {out} ({results[-1].table.num_rows:,} rows)", markup=False)
+        elif fmt_name == "table":
+            for r in results:
+                _render_sql(r, max_rows)
+        elif results:
+            sys.stdout.write(result_text(results[-1], fmt_name))
+    finally:
+        con.close()
+
+
 def main() -> None:
     """Console-script entry point."""
+    import signal
+
+    def terminated(signum, frame):  # SIGTERM unwinds like Ctrl+C: temporary files are removed
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, terminated)
     app()
 
 

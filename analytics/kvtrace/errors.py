@@ -43,7 +43,7 @@ class KvtraceError(Exception):
 
     def one_line(self) -> str:
         where = ""
-        if self.path is not None:
+        if self.path:
             where = str(self.path)
             if self.line is not None:
                 where += f":{self.line}"
@@ -55,7 +55,15 @@ class KvtraceError(Exception):
         elif self.row is not None:
             where = f"row {self.row}: "
         field = f"field '{self.field}': " if self.field else ""
-        return f"{where}{field}{self.message}"
+        return _printable(f"{where}{field}{self.message}")
+
+
+def _printable(text: str) -> str:
+    """One line whatever the message holds: control characters (a newline in a file
+    name, a value quoted from the input) are escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
 
 
 class UsageError(KvtraceError):

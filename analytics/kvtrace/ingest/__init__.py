@@ -1,6 +1,7 @@
 """Trace ingest: source files -> canonical request table -> :class:`~kvtrace.trace.Trace`.
 
-Formats (DESIGN §1): Mooncake JSONL (FAST'25), Qwen-Bailian JSONL (ATC'25), generic
+Formats (DESIGN §1): Mooncake JSONL (FAST'25), Qwen-Bailian JSONL (ATC'25), either one
+gzip- or zstd-compressed or as a directory of shards, generic
 Parquet/CSV (a list column of block hashes, or an exploded access table), and kvtrace's
 own canonical Parquet (written by :func:`write_canonical` / ``kvtrace ingest``).
 Every command reads any of them directly: ingest is implicit.
@@ -10,12 +11,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Callable
 
-from ..errors import KvtraceError
+from ..errors import KvtraceError, UsageError
+from ..guard import check_memory
 from ..trace import Trace, TraceMeta
-from .canonical import build_trace, distinct_blocks, prepare_requests, read_metadata, requests_to_trace, write_canonical
-from .jsonl import first_record, jsonl_source, read_bailian, read_mooncake, scan_for_error
-from .tabular import from_generic, read_canonical, read_table
+from .canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
+                        requests_to_trace, write_canonical)
+from .jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
+from .tabular import from_generic, read_canonical, read_table, source_names
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
 
@@ -24,42 +28,52 @@ __all__ = ["FORMATS", "build_trace", "detect_format", "distinct_blocks", "load_r
 
 
 def detect_format(path: str | os.PathLike) -> str:
-    """``mooncake``, ``bailian``, ``parquet`` or ``csv``, from the suffix and the fields."""
+    """``mooncake``, ``bailian``, ``parquet`` or ``csv``, from the suffix and the fields
+    (a directory is read as JSONL shards)."""
     p = str(path)
-    suffix = "".join(Path(p).suffixes[-2:]).lower()
-    if suffix.endswith((".parquet", ".pq")):
-        return "parquet"
-    if suffix.endswith((".csv", ".csv.gz")):
-        return "csv"
-    line, rec = first_record(p, p)
-    if "chat_id" in rec or "parent_chat_id" in rec:
-        return "bailian"
-    if "hash_ids" in rec:
-        return "mooncake"
-    raise KvtraceError(
-        "cannot tell the trace format: expected Mooncake fields (timestamp, input_length, output_length, "
-        "hash_ids) or Qwen-Bailian fields (chat_id, parent_chat_id, ...); use --format",
-        path=p, line=line,
-    )
+    if not os.path.isdir(p):
+        suffix = "".join(Path(p).suffixes[-2:]).lower()
+        if suffix.endswith((".parquet", ".pq")):
+            return "parquet"
+        if suffix.endswith((".csv", ".csv.gz")):
+            return "csv"
+    return source_format(open_source(p))
 
 
-def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None):
-    """Read any supported file into (canonical request table in file order, meta, jsonl bytes or None)."""
+def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
+                  warnings: list[str] | None = None, names: dict | None = None):
+    """Read any supported file into (canonical request table in file order, meta, JSONL
+    source or None, kind).
+
+    ``warnings`` collects what was tolerated while reading (a cut-off last line, a
+    byte-order mark, ignored files in a directory of shards); ``names`` receives the
+    source's name of each canonical column (``input_tokens`` -> ``input_length``), for
+    messages.
+    """
     p = str(path)
     if not os.path.exists(p):
         raise KvtraceError("no such file", path=p)
-    if os.path.isdir(p):
-        raise KvtraceError("is a directory, expected a trace file", path=p)
     if fmt not in FORMATS:
         raise KvtraceError(f"unknown format '{fmt}': expected one of {', '.join(FORMATS)}", field="format")
+    if block_tokens is not None and not 1 <= block_tokens <= MAX_BLOCK_TOKENS:
+        raise UsageError(f"expected a block size in [1, {MAX_BLOCK_TOKENS:,}] tokens, got {block_tokens}",
+                         field="block-tokens")
+    is_dir = os.path.isdir(p)
+    if is_dir and fmt in ("parquet", "csv"):
+        raise KvtraceError(f"is a directory: a directory is read as JSONL shards, not {fmt}", path=p)
+    source = None
     if fmt == "auto":
-        fmt = detect_format(p)
-    if fmt in ("mooncake", "bailian"):
-        first_record(p, p)  # an empty file, or a first line that is not JSON, fails here
-        data = jsonl_source(p)
+        fmt = detect_format(p) if not is_dir else "jsonl"
+    if fmt in ("mooncake", "bailian", "jsonl"):
+        source = open_source(p)
+        fmt = source_format(source, None if fmt == "jsonl" else fmt)  # an empty file or a non-JSON first line fails
+        if warnings is not None:
+            warnings.extend(source.warnings)
         reader = read_mooncake if fmt == "mooncake" else read_bailian
-        df, meta = reader(data, p, block_tokens)
-        return df, meta, data, fmt
+        df, meta = reader(source, p, block_tokens)
+        if names is not None:
+            names.update(JSONL_NAMES[fmt])
+        return df, meta, source, fmt
     if fmt == "parquet":
         canon = read_canonical(p)
         if canon is not None:
@@ -73,7 +87,9 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
     df = read_table(p, fmt)
     if df.height == 0:
         raise KvtraceError("no requests: the table is empty", path=p)
-    df, meta = from_generic(df, p, fmt, block_tokens)
+    if names is not None:
+        names.update(source_names(df.columns))
+    df, meta = from_generic(df, p, fmt, block_tokens, warnings=warnings)
     return df, meta, None, fmt
 
 
@@ -83,22 +99,43 @@ def load_requests(
     fmt: str = "auto",
     block_tokens: int | None = None,
     share_tenants: bool = False,
+    workload: str | None = None,
 ) -> tuple:
     """Read and validate a trace's request table, in trace order, without building
     the access table: (request table, meta, warnings). See :func:`load_trace`."""
     p = str(path)
-    df, meta, data, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens)
+    warn: list[str] = []
+    names: dict = {}
+    df, meta, source, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens, warnings=warn, names=names)
     if share_tenants != meta.share_tenants:
         meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
     try:
-        df, warn = prepare_requests(df, meta, source=p, already_relative=kind == "canonical")
-    except KvtraceError:
-        if data is not None:  # name the line, not the row
-            err = scan_for_error(data, p, kind)
+        df, more = prepare_requests(df, meta, source=p, already_relative=kind == "canonical",
+                                    locate=row_locator(p, kind, source, df))
+    except KvtraceError as exc:
+        if source is not None:  # the first bad record in file order, with its own message
+            err = source.scan_for_error(kind)
             if err is not None:
                 raise err from None
+        if exc.field in names:  # the column as the file calls it
+            exc = KvtraceError(exc.message, path=exc.path, line=exc.line, row=exc.row, field=names[exc.field])
+            raise exc from None
         raise
+    warn += more
+    if workload is not None:
+        check_memory(df, meta, workload, source=p)
     return df, meta, warn
+
+
+def row_locator(path: str, kind: str, source, df) -> Callable[[int], dict]:
+    """row -> the location kwargs of a message: the file and line of a JSONL record (or
+    a CSV row: line = row + 2 under the header), else the row of the table."""
+    if source is not None:
+        return source.locate
+    origin = df["__source_row"] if "__source_row" in df.columns else None
+    if kind == "csv":
+        return lambda row: {"path": path, "line": int(origin[row] if origin is not None else row) + 2}
+    return lambda row: {"path": path, "row": int(origin[row] if origin is not None else row)}
 
 
 def load_trace(
@@ -107,13 +144,15 @@ def load_trace(
     fmt: str = "auto",
     block_tokens: int | None = None,
     share_tenants: bool = False,
+    workload: str | None = None,
 ) -> Trace:
     """Read a trace file of any supported format into canonical form.
 
     Parameters
     ----------
     path : path-like
-        JSONL (optionally gzip-compressed), Parquet or CSV.
+        JSONL (optionally gzip- or zstd-compressed), a directory of JSONL shards,
+        Parquet or CSV.
     fmt : str
         ``auto`` (detect from suffix and fields), ``mooncake``, ``bailian``, ``parquet``
         or ``csv``.
@@ -122,10 +161,15 @@ def load_trace(
         for generic tables.
     share_tenants : bool
         Treat equal hashes in different tenants as the same block.
+    workload : str, optional
+        The analysis that follows (``curve``, ``whatif``, ... see
+        :mod:`kvtrace.guard`): refuse, before building the access table, a trace whose
+        run would not fit in the memory available. None: no check.
 
     Returns
     -------
     Trace
     """
-    df, meta, warn = load_requests(path, fmt=fmt, block_tokens=block_tokens, share_tenants=share_tenants)
+    df, meta, warn = load_requests(path, fmt=fmt, block_tokens=block_tokens, share_tenants=share_tenants,
+                                   workload=workload)
     return build_trace(df, meta, warn)

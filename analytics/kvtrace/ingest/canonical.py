@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Callable
+
 import numpy as np
 import polars as pl
 
@@ -21,15 +23,41 @@ from ..trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
 METADATA_KEY = b"kvtrace"
 
 
-def conform(df: pl.DataFrame) -> pl.DataFrame:
+#: Largest block size accepted, in tokens (engines use 16 to 4,096).
+MAX_BLOCK_TOKENS = 1 << 20
+#: Largest prompt or output length accepted, in tokens: sums over millions of requests,
+#: and bytes (tokens x KV bytes per token), must stay far from int64's limit.
+MAX_TOKENS = 1 << 40
+#: Longest trace accepted, in seconds (317 years): a longer span is a unit mistake
+#: (nanoseconds read as seconds) or a corrupt timestamp.
+MAX_SPAN_S = 1e10
+
+
+def conform(df: pl.DataFrame, *, source: str | None = None) -> pl.DataFrame:
     """Add missing nullable columns and cast to ``REQUEST_SCHEMA`` in its column order."""
     cols = []
     for name, dtype in REQUEST_SCHEMA.items():
         if name in df.columns:
+            if df.schema[name] != dtype:
+                try:  # (Polars casts a struct field by field: check what comes out)
+                    ok = df.select(pl.col(name).cast(dtype, strict=True)).schema[name] == dtype
+                except Exception:
+                    ok = False
+                if not ok:
+                    raise KvtraceError(f"expected {_TYPE_TEXT[name]}, found a column of {df.schema[name]}",
+                                       path=source, field=name)
             cols.append(pl.col(name).cast(dtype))
         else:
             cols.append(pl.lit(None, dtype=dtype).alias(name))
     return df.select(cols)
+
+
+_TYPE_TEXT = {
+    "request_id": "integer ids", "timestamp": "numbers (seconds)", "session_id": "integer ids",
+    "parent_id": "integer ids", "turn": "integers", "type": "strings", "tenant": "strings",
+    "input_tokens": "integers (tokens)", "output_tokens": "integers (tokens)",
+    "block_ids": "lists of integer hashes in [0, 2^64)",
+}
 
 
 def requests_to_trace(
@@ -56,6 +84,7 @@ def prepare_requests(
     source: str | None = None,
     row_to_line: np.ndarray | None = None,
     already_relative: bool = True,
+    locate: Callable[[int], dict] | None = None,
 ) -> tuple[pl.DataFrame, list[str]]:
     """Validate a canonical request table and put it in trace order.
 
@@ -71,39 +100,70 @@ def prepare_requests(
         1-based source line of each row, for messages naming lines.
     already_relative : bool
         When False, timestamps are shifted so the first arrival is 0.
+    locate : callable, optional
+        row -> ``path`` and ``line`` (or ``row``) of that request in its source, for
+        messages; takes precedence over ``row_to_line``.
 
     Returns
     -------
     df : polars.DataFrame
         The request table in trace order (stable sort by timestamp).
+
     warnings : list of str
         Problems repaired or tolerated, with counts.
+
+    Raises
+    ------
+    KvtraceError
+        Naming the first bad row: a missing value, a null hash, a timestamp that is
+        not finite or a span over ``MAX_SPAN_S``, a negative or absurd length, an
+        empty hash list for a non-empty prompt, a request id seen twice (both rows).
     """
     src = source if source is not None else meta.source
-    df = conform(df)
+    df = conform(df, source=src)
     warn: list[str] = []
     if df.height == 0:
         raise KvtraceError("no requests: the trace is empty", path=src)
 
     def where(row: int) -> dict:
+        if locate is not None:
+            return locate(row)
         if row_to_line is not None:
             return {"path": src, "line": int(row_to_line[row])}
         return {"path": src, "row": int(row)}
 
-    for name in ("timestamp", "input_tokens", "output_tokens", "block_ids"):
+    B = int(meta.block_tokens)
+    if not 1 <= B <= MAX_BLOCK_TOKENS:
+        raise KvtraceError(f"block size must be in [1, {MAX_BLOCK_TOKENS:,}] tokens, got {B}", path=src,
+                           field="block_tokens")
+    for name in ("timestamp", "block_ids", "input_tokens", "output_tokens"):
         nulls = df[name].is_null()
         if nulls.any():
             row = int(nulls.arg_true()[0])
             raise KvtraceError("missing value (required)", field=name, **where(row))
+    row = _first_null_hash(df["block_ids"])
+    if row is not None:
+        raise KvtraceError("expected integer hashes in [0, 2^64), got null", field="block_ids", **where(row))
     ts = df["timestamp"].to_numpy()
     bad = ~np.isfinite(ts)
     if bad.any():
         raise KvtraceError("expected a finite number", field="timestamp", **where(int(np.argmax(bad))))
+    lo, hi = float(ts.min()), float(ts.max())
+    if hi - lo > MAX_SPAN_S:
+        # name the outlier: the end farther from the median
+        med = float(np.median(ts))
+        row = int(np.argmax(ts)) if hi - med >= med - lo else int(np.argmin(ts))
+        raise KvtraceError(f"this timestamp makes the trace span {hi - lo:.3g} s: expected at most "
+                           f"{MAX_SPAN_S:.0e} s (317 years); a wrong unit or a corrupt value?",
+                           field="timestamp", **where(row))
     for name in ("input_tokens", "output_tokens"):
-        neg = (df[name] < 0).to_numpy()
-        if neg.any():
-            row = int(np.argmax(neg))
-            raise KvtraceError(f"expected a non-negative integer, got {df[name][row]}", field=name, **where(row))
+        values = df[name].to_numpy()
+        out = (values < 0) | (values > MAX_TOKENS)
+        if out.any():
+            row = int(np.argmax(out))
+            what = "a non-negative integer" if values[row] < 0 else "at most 2^40 tokens"
+            raise KvtraceError(f"expected {what}, got {values[row]}", field=name, **where(row))
+    _check_unique_ids(df, where)
 
     lengths = df["block_ids"].list.len().to_numpy().astype(np.int64)
     inputs = df["input_tokens"].to_numpy().astype(np.int64)
@@ -113,9 +173,6 @@ def prepare_requests(
         raise KvtraceError(
             f"empty hash list for a prompt of {inputs[row]} tokens", field="block_ids", **where(row)
         )
-    B = int(meta.block_tokens)
-    if B <= 0:
-        raise KvtraceError(f"block size must be a positive number of tokens, got {B}", field="block_tokens")
     expected = -(-inputs // B)
     mismatch = int(np.count_nonzero(lengths != expected))
     if mismatch:
@@ -136,6 +193,44 @@ def prepare_requests(
     if not already_relative:
         df = df.with_columns(pl.col("timestamp") - float(ts[0]))
     return df, warn
+
+
+def _first_null_hash(col: pl.Series) -> int | None:
+    """Row of the first list holding a null hash, or None (the common case costs a look
+    at Arrow's null counts, not a copy of the hashes)."""
+    arr = col.to_arrow()
+    chunks = arr.chunks if hasattr(arr, "chunks") else [arr]
+    if not any(chunk.flatten().null_count for chunk in chunks):
+        return None
+    has = col.list.eval(pl.element().is_null().any()).list.first().fill_null(False)
+    rows = has.arg_true()
+    return int(rows[0]) if rows.len() else None
+
+
+def _check_unique_ids(df: pl.DataFrame, where: Callable[[int], dict]) -> None:
+    """A request id seen twice is an error naming both rows (a trace concatenated twice,
+    or shards that overlap): every per-request result would count it twice."""
+    nulls = df["request_id"].null_count()
+    if nulls == df.height:  # a table built without ids (library use): nothing to check
+        return
+    if nulls:
+        row = int(df["request_id"].is_null().arg_true()[0])
+        raise KvtraceError("missing value (required)", field="request_id", **where(row))
+    ids = df["request_id"].to_numpy()
+    if ids.size < 2:
+        return
+    order = np.argsort(ids, kind="stable")
+    s = ids[order]
+    same = np.flatnonzero(s[1:] == s[:-1])
+    if same.size == 0:
+        return
+    k = same[np.argmin(order[same + 1])]  # the earliest repeat in file order
+    first, again = int(order[k]), int(order[k + 1])
+    at = where(again)
+    before = where(first)
+    text = (f"line {before['line']}" if "line" in before and before.get("path") == at.get("path")
+            else f"{before['path']}:{before['line']}" if "line" in before else f"row {before['row']}")
+    raise KvtraceError(f"duplicate request id {ids[again]}: first at {text}", field="request_id", **at)
 
 
 def _namespaces(df: pl.DataFrame, meta: TraceMeta) -> np.ndarray | None:

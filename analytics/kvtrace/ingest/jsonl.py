@@ -3,6 +3,14 @@
 Fast path: Polars' native NDJSON reader with an explicit schema. When it fails, or when
 validation finds a bad value, a line-by-line scan (only on that error path) finds the
 first offending line and field so the message can name them.
+
+A source is one file or a directory of shards (read in natural name order, as if
+concatenated). Files may be gzip- or zstd-compressed (recognised by their first
+bytes, not their names). Tolerated with a warning: a UTF-8 byte-order mark, a last
+line cut off mid-record (no final newline and not valid JSON: the tail of a trace
+still being written, or of an interrupted copy) and a compressed stream that ends
+early (the records before the cut are read). Everything else that is not a valid
+record is an error naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -10,7 +18,11 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import math
 import os
+import re
+import zlib
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -20,6 +32,7 @@ from ..trace import TraceMeta
 
 MOONCAKE_BLOCK_TOKENS = 512
 BAILIAN_BLOCK_TOKENS = 16
+INT64_MAX = 2**63 - 1
 
 _MOONCAKE_SCHEMA = {
     "timestamp": pl.Float64,
@@ -46,47 +59,281 @@ _REQUIRED = {
     },
 }
 _OPTIONAL = {"mooncake": {}, "bailian": {"type": "string", "turn": "int"}}
+#: canonical column -> the field it comes from, per format (for messages)
+JSONL_NAMES = {
+    "mooncake": {"input_tokens": "input_length", "output_tokens": "output_length", "block_ids": "hash_ids"},
+    "bailian": {"input_tokens": "input_length", "output_tokens": "output_length", "block_ids": "hash_ids",
+                "request_id": "chat_id", "parent_id": "parent_chat_id"},
+}
+
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+BOM = b"\xef\xbb\xbf"
+#: file names a directory of shards is read from (compressed or not)
+SHARD_PATTERN = re.compile(r".*\.(jsonl|ndjson|json)(\.(gz|gzip|zst|zstd))?$", re.IGNORECASE)
+
+
+# ----------------------------------------------------------------------------- sources
+
+
+@dataclass
+class Shard:
+    """One file of a source: ``data`` is its path (a plain file, read by Polars without
+    a Python copy) or its bytes (decompressed, or repaired)."""
+
+    path: str
+    data: str | bytes
+
+
+@dataclass
+class JsonlSource:
+    """A JSONL trace: one file, or the shards of a directory in read order."""
+
+    path: str
+    shards: list[Shard]
+    warnings: list[str] = field(default_factory=list)
+
+    def locate(self, row: int) -> dict:
+        """``path`` and ``line`` of request ``row`` (0-based over the non-blank lines of
+        all shards); a line-by-line count, for error messages only."""
+        seen = 0
+        for shard in self.shards:
+            for lineno, line in enumerate(_lines(shard.data), start=1):
+                if line.strip():
+                    if seen == row:
+                        return {"path": shard.path, "line": lineno}
+                    seen += 1
+        return {"path": self.path, "row": row}
+
+    def scan_for_error(self, fmt: str) -> KvtraceError | None:
+        """The first invalid record of any shard, or None."""
+        for shard in self.shards:
+            err = scan_for_error(shard.data, shard.path, fmt)
+            if err is not None:
+                return err
+        return None
+
+
+def natural_key(name: str) -> list:
+    """Sort key putting ``part-2`` before ``part-10``."""
+    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name)]
+
+
+def shard_files(directory: str) -> tuple[list[str], list[str]]:
+    """The JSONL shards of a directory in read order, and the other (ignored) entries.
+
+    Hidden files (kvtrace's own temporary files among them) are skipped silently."""
+    shards, other = [], []
+    for name in sorted(os.listdir(directory), key=natural_key):
+        if name.startswith("."):
+            continue
+        full = os.path.join(directory, name)
+        if os.path.isfile(full) and SHARD_PATTERN.match(name):
+            shards.append(full)
+        else:
+            other.append(name)
+    return shards, other
+
+
+def open_source(path: str) -> JsonlSource:
+    """A file or a directory of shards, ready for the readers (see the module docstring)."""
+    warnings: list[str] = []
+    if os.path.isdir(path):
+        files, other = shard_files(path)
+        if not files:
+            raise KvtraceError("no JSONL shards in this directory (expected *.jsonl, *.jsonl.gz or *.jsonl.zst "
+                               "files)", path=path)
+        if other:
+            shown = ", ".join(other[:3]) + (", ..." if len(other) > 3 else "")
+            warnings.append(f"ignored {len(other)} entr{'y' if len(other) == 1 else 'ies'} that "
+                            f"{'is not a JSONL shard' if len(other) == 1 else 'are not JSONL shards'}: {shown}")
+        shards = [_open_shard(f, warnings, os.path.basename(f)) for f in files]
+    else:
+        shards = [_open_shard(path, warnings, "")]
+    return JsonlSource(path, shards, warnings)
+
+
+def _magic(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(4)
+
+
+def _open_shard(path: str, warnings: list[str], label: str) -> Shard:
+    """``label``: the shard's name in warnings ("" for a single file, which the caller names)."""
+    head = _magic(path)
+    if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
+        data = _decompress(path, warnings, label)
+    elif head[:3] == BOM:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    else:
+        data = path
+    if isinstance(data, bytes) and data[:3] == BOM:
+        data = data[3:]
+        warnings.append(_at(label) + "a UTF-8 byte-order mark at the start was skipped")
+    return Shard(path, _drop_truncated_tail(path, data, warnings, label))
+
+
+def _at(label: str, line: int | None = None) -> str:
+    """Where a warning applies, as its prefix: ``part-2.jsonl:5: ``, ``line 5: ``."""
+    if line is None:
+        return f"{label}: " if label else ""
+    return f"{label}:{line}: " if label else f"line {line}: "
+
+
+def _decompress(path: str, warnings: list[str], label: str = "") -> bytes:
+    """A gzip or zstd file's content; a stream cut short gives what precedes the cut."""
+    zstd = _magic(path) == ZSTD_MAGIC
+    chunks: list[bytes] = []
+    try:
+        if zstd:
+            import pyarrow as pa
+
+            with pa.input_stream(path, compression="zstd") as stream:
+                while chunk := stream.read(1 << 18):  # small reads: a cut loses at most one
+                    chunks.append(chunk)
+            truncated = False
+        else:
+            truncated = _gunzip(path, chunks)
+    except (OSError, zlib.error, EOFError) as exc:
+        msg = str(exc)
+        if "Truncated" not in msg:
+            kind = "zstd" if zstd else "gzip"
+            raise KvtraceError(f"corrupt {kind} stream ({msg.splitlines()[0] if msg else type(exc).__name__})",
+                               path=path) from None
+        truncated = True
+    if truncated:
+        got = sum(map(len, chunks))
+        if not got:
+            raise KvtraceError(f"corrupt or cut-short {'zstd' if zstd else 'gzip'} stream: nothing could be "
+                               "decompressed", path=path)
+        warnings.append(_at(label) + f"the compressed stream is cut short: read the {got:,} bytes before the cut")
+    return b"".join(chunks)
+
+
+def _gunzip(path: str, chunks: list[bytes]) -> bool:
+    """Decompress every member of a gzip file into ``chunks``; True if it is cut short.
+
+    (zlib directly rather than the gzip module: at a cut, the gzip module drops the
+    content of its last read.)"""
+    d = None
+    pending = b""
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            block, pending = pending + block, b""
+            while block:
+                if d is None:  # the start of a member (a file may hold several)
+                    if len(block) < 2:
+                        pending = block
+                        break
+                    if block[:2] != GZIP_MAGIC:
+                        raise zlib.error("not a gzip stream after the first member")
+                    d = zlib.decompressobj(wbits=31)
+                chunks.append(d.decompress(block))
+                if d.eof:
+                    block, d = d.unused_data, None
+                else:
+                    block = b""
+    if d is None:
+        return bool(pending)
+    chunks.append(d.flush())
+    return not d.eof
+
+
+def _drop_truncated_tail(path: str, data: str | bytes, warnings: list[str], label: str = "") -> str | bytes:
+    """Drop a last line cut off mid-record: no final newline and not valid JSON."""
+    if isinstance(data, bytes):
+        end = len(data)
+        while end > 0 and data[end - 1] in b" \t\r":
+            end -= 1
+        if end == 0 or data[end - 1] == 0x0A:
+            return data
+        start = data.rfind(b"\n", 0, end) + 1
+        tail = data[start:end]
+    else:
+        size = os.path.getsize(data)
+        step = 1 << 16
+        with open(data, "rb") as fh:
+            while True:  # only the end of the file is read, unless its last line is long
+                start = max(0, size - step)
+                fh.seek(start)
+                stripped = fh.read().rstrip(b" \t\r")
+                if stripped.endswith(b"\n") or (not stripped and start == 0):
+                    return data
+                nl = stripped.rfind(b"\n")
+                if nl >= 0 or start == 0:
+                    tail, start = stripped[nl + 1:], start + nl + 1
+                    break
+                step *= 4
+    if start == 0:
+        return data  # the only line: reported as malformed, not dropped
+    if not tail.strip():
+        return data
+    try:
+        json.loads(tail)
+        return data  # a complete last record without a final newline
+    except (ValueError, UnicodeDecodeError):
+        pass
+    lineno = (data.count(b"\n", 0, start) if isinstance(data, bytes) else _count_newlines(data, start)) + 1
+    warnings.append(_at(label, lineno) + "the last line is cut off (no final newline, not valid JSON): ignored")
+    if isinstance(data, bytes):
+        return data[:start]
+    with open(data, "rb") as fh:
+        return fh.read(start)
+
+
+def _count_newlines(path: str, upto: int) -> int:
+    n = 0
+    with open(path, "rb") as fh:
+        left = upto
+        while left > 0:
+            block = fh.read(min(left, 1 << 22))
+            if not block:
+                break
+            n += block.count(b"\n")
+            left -= len(block)
+    return n
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The file's bytes, gunzipped transparently."""
-    with open(path, "rb") as fh:
-        data = fh.read()
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise KvtraceError(f"corrupt gzip stream ({exc})", path=str(path)) from None
-    return data
+    """The file's bytes, decompressed transparently (gzip, zstd)."""
+    p = str(path)
+    head = _magic(p)
+    if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
+        warnings: list[str] = []
+        data = _decompress(p, warnings)
+        if warnings:  # a truncated stream read through here is an error
+            raise KvtraceError("corrupt or truncated compressed stream", path=p)
+        return data
+    with open(p, "rb") as fh:
+        return fh.read()
 
 
 def jsonl_source(path: str) -> str | bytes:
     """What the readers take: the path itself (Polars reads it without a Python copy),
-    or the decompressed bytes of a gzipped file."""
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-    return read_bytes(path) if magic == b"\x1f\x8b" else path
+    or the decompressed bytes of a compressed file."""
+    head = _magic(path)
+    return read_bytes(path) if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC else path
 
 
 def _lines(src: str | bytes):
-    """Lines of a source: bytes, or a file path (gzip read as a stream)."""
+    """Lines of a source: bytes, or a file path (read decompressed)."""
     if isinstance(src, bytes):
         yield from io.BytesIO(src)
         return
+    head = _magic(src)
+    if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
+        yield from io.BytesIO(read_bytes(src))
+        return
     with open(src, "rb") as fh:
-        gz = fh.read(2) == b"\x1f\x8b"
-    try:
-        with (gzip.open(src, "rb") if gz else open(src, "rb")) as fh:
-            yield from fh
-    except (OSError, EOFError) as exc:
-        if not gz:
-            raise
-        raise KvtraceError(f"corrupt gzip stream ({exc})", path=str(src)) from None
+        yield from fh
 
 
 def first_record(data: str | bytes, path: str) -> tuple[int, dict]:
     """The first non-blank JSON line: (line number, parsed record)."""
     for lineno, line in enumerate(_lines(data), start=1):
+        if lineno == 1 and line[:3] == BOM:
+            line = line[3:]
         if line.strip():
             try:
                 rec = json.loads(line)
@@ -99,16 +346,60 @@ def first_record(data: str | bytes, path: str) -> tuple[int, dict]:
     raise KvtraceError("no requests: the file is empty", path=path)
 
 
+def record_format(rec: dict) -> str | None:
+    """``bailian`` or ``mooncake`` from a record's fields, or None."""
+    if "chat_id" in rec or "parent_chat_id" in rec:
+        return "bailian"
+    if "hash_ids" in rec:
+        return "mooncake"
+    return None
+
+
+def source_format(source: JsonlSource, expected: str | None = None) -> str:
+    """The format of a source's records; every shard must agree.
+
+    With ``expected`` (a format the user chose) only the first record of each shard is
+    checked to be a JSON object: an empty file, or one that is not JSONL, fails here."""
+    found = None
+    for shard in source.shards:
+        try:
+            line, rec = first_record(shard.data, shard.path)
+        except KvtraceError as exc:
+            if len(source.shards) > 1 and "empty" in exc.message:
+                continue  # an empty shard among others
+            raise
+        fmt = expected or record_format(rec)
+        if fmt is None:
+            raise KvtraceError(
+                "cannot tell the trace format: expected Mooncake fields (timestamp, input_length, output_length, "
+                "hash_ids) or Qwen-Bailian fields (chat_id, parent_chat_id, ...); use --format",
+                path=shard.path, line=line,
+            )
+        if found is not None and fmt != found:
+            raise KvtraceError(f"a {fmt} record in a directory of {found} shards", path=shard.path, line=line)
+        found = fmt
+    if found is None:
+        raise KvtraceError("no requests: every shard is empty", path=source.path)
+    return found
+
+
 def _check_value(kind: str, value) -> str | None:
     """None if ``value`` is of ``kind``, else what was expected."""
     if kind == "number":
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "expected a finite number"
+        try:
+            if not math.isfinite(float(value)):
+                return "expected a finite number"
+        except OverflowError:
             return "expected a finite number"
     elif kind in ("int", "count"):
         if isinstance(value, bool) or not isinstance(value, int):
             return "expected an integer"
         if kind == "count" and value < 0:
             return f"expected a non-negative integer, got {value}"
+        if not -INT64_MAX - 1 <= value <= INT64_MAX:
+            return f"expected an integer below 2^63, got {value}"
     elif kind == "string":
         if value is not None and not isinstance(value, str):
             return "expected a string"
@@ -117,14 +408,21 @@ def _check_value(kind: str, value) -> str | None:
             return "expected a list of integer hashes"
         for v in value:
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < 2**64:
-                return f"expected integer hashes in [0, 2^64), got {v!r}"
+                return f"expected integer hashes in [0, 2^64), got {_short(v)}"
     return None
+
+
+def _short(v, limit: int = 60) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | None:
     """Line-by-line validation; the first problem found, or None."""
     required, optional = _REQUIRED[fmt], _OPTIONAL[fmt]
     for lineno, line in enumerate(_lines(data), start=1):
+        if lineno == 1 and line[:3] == BOM:
+            line = line[3:]
         if not line.strip():
             continue
         try:
@@ -133,6 +431,8 @@ def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | Non
             return KvtraceError(f"malformed JSON ({exc.msg})", path=path, line=lineno)
         except UnicodeDecodeError:
             return KvtraceError("not valid UTF-8", path=path, line=lineno)
+        except RecursionError:
+            return KvtraceError("malformed JSON (nested too deeply)", path=path, line=lineno)
         if not isinstance(rec, dict):
             return KvtraceError("expected a JSON object per line", path=path, line=lineno)
         for name, kind in required.items():
@@ -166,12 +466,19 @@ def _fast_read(data: str | bytes, path: str, fmt: str) -> pl.DataFrame:
         raise KvtraceError(f"cannot read as {fmt} JSONL: {str(exc).splitlines()[0]}", path=path) from None
 
 
-def read_mooncake(data: str | bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
+def _read_raw(source: JsonlSource, fmt: str) -> pl.DataFrame:
+    frames = [_fast_read(s.data, s.path, fmt) for s in source.shards]
+    return frames[0] if len(frames) == 1 else pl.concat(frames, how="vertical", rechunk=False)
+
+
+def read_mooncake(data: str | bytes | JsonlSource, path: str,
+                  block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Mooncake JSONL -> canonical request table (file order) and metadata.
 
     ``timestamp`` is in milliseconds; block size 512 tokens unless overridden.
+    ``request_id`` is the record's index (over all shards of a directory).
     """
-    raw = _fast_read(data, path, "mooncake")
+    raw = _read_raw(_as_source(data, path), "mooncake")
     df = raw.select(
         pl.int_range(pl.len(), dtype=pl.Int64).alias("request_id"),
         # numpy's division is correctly rounded; Polars' multiplies by 1/1000 (71 ms -> 0.07100000000000001 s)
@@ -181,21 +488,23 @@ def read_mooncake(data: str | bytes, path: str, block_tokens: int | None = None)
         pl.col("hash_ids").alias("block_ids"),
     )
     meta = TraceMeta(block_tokens=block_tokens or MOONCAKE_BLOCK_TOKENS, source_format="mooncake",
-                     source=os.path.basename(path))
+                     source=os.path.basename(os.path.normpath(path)))
     return df, meta
 
 
-def read_bailian(data: str | bytes, path: str, block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
+def read_bailian(data: str | bytes | JsonlSource, path: str,
+                 block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Qwen-Bailian JSONL -> canonical request table (file order) and metadata.
 
     ``timestamp`` is in seconds; block size 16 tokens unless overridden. The session
     of a request is the root of its ``parent_chat_id`` chain (-1 = root).
     """
-    raw = _fast_read(data, path, "bailian")
+    source = _as_source(data, path)
+    raw = _read_raw(source, "bailian")
     # Polars reads a missing or null field as null; these two are required here.
     if raw["chat_id"].null_count() or raw["parent_chat_id"].null_count():
         field = "chat_id" if raw["chat_id"].null_count() else "parent_chat_id"
-        raise scan_for_error(data, path, "bailian") or KvtraceError("missing (required)", path=path, field=field)
+        raise source.scan_for_error("bailian") or KvtraceError("missing (required)", path=path, field=field)
     chat = raw["chat_id"].to_numpy()
     parent = raw["parent_chat_id"].to_numpy()
     df = raw.select(
@@ -207,24 +516,45 @@ def read_bailian(data: str | bytes, path: str, block_tokens: int | None = None) 
         pl.col("input_length").alias("input_tokens"),
         pl.col("output_length").alias("output_tokens"),
         pl.col("hash_ids").alias("block_ids"),
-    ).with_columns(pl.Series("session_id", session_roots(chat, parent, path), dtype=pl.Int64))
+    ).with_columns(pl.Series("session_id", session_roots(chat, parent, path, locate=source.locate), dtype=pl.Int64))
     meta = TraceMeta(block_tokens=block_tokens or BAILIAN_BLOCK_TOKENS, source_format="bailian",
-                     source=os.path.basename(path))
+                     source=os.path.basename(os.path.normpath(path)))
     return df, meta
 
 
-def session_roots(chat: np.ndarray, parent: np.ndarray, path: str = "") -> np.ndarray:
+def _as_source(data: str | bytes | JsonlSource, path: str) -> JsonlSource:
+    return data if isinstance(data, JsonlSource) else JsonlSource(path, [Shard(path, data)])
+
+
+def describe(where: dict, relative_to: str | None = None) -> str:
+    """``line 3``, ``other.jsonl:3`` or ``row 3``: a location inside a message."""
+    if "line" in where:
+        if relative_to is not None and where.get("path") not in (None, relative_to):
+            return f"{where['path']}:{where['line']}"
+        return f"line {where['line']}"
+    return f"row {where['row']}"
+
+
+def session_roots(chat: np.ndarray, parent: np.ndarray, path: str = "", *, locate=None) -> np.ndarray:
     """Root chat id of each request's parent chain, by pointer jumping (O(R log depth)).
 
     A parent that is not in the trace (the trace starts mid-conversation) ends the
-    chain: the earliest ancestor present is the root.
+    chain: the earliest ancestor present is the root. ``locate(row)`` gives the
+    ``path``/``line`` of a row for the message naming a duplicated ``chat_id``.
     """
     n = chat.shape[0]
     order = np.argsort(chat, kind="stable")
     sorted_chat = chat[order]
     if n > 1 and np.any(sorted_chat[1:] == sorted_chat[:-1]):
-        dup = sorted_chat[1:][sorted_chat[1:] == sorted_chat[:-1]][0]
-        raise KvtraceError(f"duplicate chat_id {dup}", path=path, field="chat_id")
+        same = np.flatnonzero(sorted_chat[1:] == sorted_chat[:-1])
+        k = same[np.argmin(order[same + 1])]  # the earliest repeat in file order
+        first, again = int(order[k]), int(order[k + 1])
+        if locate is None:
+            raise KvtraceError(f"duplicate chat_id {chat[again]} (rows {first} and {again})", path=path,
+                               field="chat_id")
+        where = locate(again)
+        raise KvtraceError(f"duplicate chat_id {chat[again]}: first at {describe(locate(first), where.get('path'))}",
+                           field="chat_id", **where)
     idx = np.searchsorted(sorted_chat, parent)
     idx = np.clip(idx, 0, max(n - 1, 0))
     found = (parent >= 0) & (n > 0) & (sorted_chat[idx] == parent) if n else np.zeros(0, bool)

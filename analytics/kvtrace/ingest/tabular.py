@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import polars as pl
 
 from ..errors import KvtraceError
@@ -48,25 +49,73 @@ def _find(columns: list[str], names: tuple[str, ...]) -> str | None:
     return None
 
 
+def source_names(columns: list[str]) -> dict[str, str]:
+    """canonical column -> the generic table's column it is read from (for messages)."""
+    out = {}
+    for name, aliases in ALIASES.items():
+        c = _find(columns, aliases)
+        if c is not None and name != "timestamp_ms":
+            out[name] = c
+    ms = _find(columns, ALIASES["timestamp_ms"])
+    if ms is not None:
+        out["timestamp"] = ms
+    lst = _find(columns, LIST_COLUMNS)
+    if lst is not None:
+        out["block_ids"] = lst
+    return out
+
+
 def read_table(path: str, fmt: str) -> pl.DataFrame:
     try:
         if fmt == "parquet":
             return pl.read_parquet(path)
         return pl.read_csv(path, infer_schema_length=10000)
     except Exception as exc:
-        raise KvtraceError(f"cannot read as {fmt}: {str(exc).splitlines()[0]}", path=path) from None
+        line = _csv_problem_line(path) if fmt == "csv" else None
+        raise KvtraceError(f"cannot read as {fmt}: {str(exc).splitlines()[0]}", path=path, line=line) from None
+
+
+def _csv_problem_line(path: str) -> int | None:
+    """The first line of a CSV file whose field count differs from the header's, or
+    that leaves a quote open (for the message; the error path only)."""
+    import csv
+    import gzip
+
+    try:
+        with open(path, "rb") as fh:
+            opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
+        with opener(path, "rt", encoding="utf-8", newline="") as fh:
+            reader = csv.reader(fh, strict=True)
+            width = None
+            for row in reader:
+                if width is None:
+                    width = len(row)
+                elif row and len(row) != width:
+                    return reader.line_num
+    except csv.Error:
+        return reader.line_num  # noqa: F821 - bound once the loop has started
+    except (OSError, UnicodeDecodeError, EOFError, NameError):
+        return None
+    return None
 
 
 def read_canonical(path: str) -> tuple[pl.DataFrame, TraceMeta] | None:
     """A kvtrace canonical Parquet file, or None when ``path`` is not one."""
     md = read_metadata(path)
-    if not md or "block_tokens" not in md:
+    if not isinstance(md, dict) or "block_tokens" not in md:
         return None
     df = read_table(path, "parquet")
     missing = [c for c in REQUEST_SCHEMA if c not in df.columns]
     if missing:
         raise KvtraceError(f"canonical trace lacks column(s) {', '.join(missing)}", path=path, field=missing[0])
-    return df, TraceMeta.from_dict(md)
+    bt = md.get("block_tokens")
+    if isinstance(bt, bool) or not isinstance(bt, int) or bt < 1:
+        raise KvtraceError(f"kvtrace metadata: expected a positive integer block_tokens, got {bt!r}", path=path,
+                           field="kvtrace")
+    try:
+        return df, TraceMeta.from_dict(md)
+    except (TypeError, ValueError) as exc:
+        raise KvtraceError(f"kvtrace metadata: {exc}", path=path, field="kvtrace") from None
 
 
 def _parse_list_strings(col: pl.Series, path: str, name: str) -> pl.Series:
@@ -85,23 +134,38 @@ def _parse_list_strings(col: pl.Series, path: str, name: str) -> pl.Series:
         ) from None
 
 
-def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None) -> tuple[pl.DataFrame, TraceMeta]:
-    """A generic request or access table -> canonical request table (file order)."""
+def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None,
+                 warnings: list[str] | None = None) -> tuple[pl.DataFrame, TraceMeta]:
+    """A generic request or access table -> canonical request table (file order).
+
+    An exploded access table is collapsed to one row per request; the result then
+    carries ``__source_row``, the first source row of each request, so that messages
+    can name it. Bad values are errors naming the row (the line, in CSV) and column.
+    """
     cols = df.columns
     list_col = _find(cols, LIST_COLUMNS)
     hash_col = _find(cols, ACCESS_HASH)
     pos_col = _find(cols, ACCESS_POS)
     req_col = _find(cols, ALIASES["request_id"])
+    line0 = 2 if fmt == "csv" else None  # the header is line 1
+
+    def where(row: int) -> dict:
+        return {"path": path, "line": row + line0} if line0 else {"path": path, "row": row}
+
     # A CSV whose cells are all one bare hash ("5") is inferred as an integer column.
     if list_col is not None and (
         df.schema[list_col] == pl.String or (fmt == "csv" and df.schema[list_col].is_integer())
     ):
         df = df.with_columns(_parse_list_strings(df[list_col], path, list_col).alias(list_col))
     if list_col is not None and isinstance(df.schema[list_col], pl.List):
-        pass
+        _check_hash_lists(df[list_col], list_col, where)
     elif hash_col is not None and pos_col is not None and req_col is not None:
-        df = _collapse_accesses(df, path, req_col, pos_col, hash_col, fmt)
+        df = _collapse_accesses(df, path, req_col, pos_col, hash_col, where, warnings)
         list_col = "block_ids"
+        origin = df["__row"].to_numpy()
+
+        def where(row: int, _inner=where) -> dict:  # noqa: F811 - a request -> its first source row
+            return _inner(int(origin[row]))
     else:
         raise KvtraceError(
             "expected a list column of block hashes (block_ids/hash_ids) or an access table with "
@@ -112,62 +176,149 @@ def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None
         raise KvtraceError(
             "generic tables do not say their block size: pass --block-tokens N", path=path, field="block_tokens"
         )
-    out: dict[str, pl.Expr] = {}
-    try:
-        out["block_ids"] = pl.col(list_col).cast(pl.List(pl.UInt64), strict=True)
-        df.select(out["block_ids"])
-    except Exception:
-        raise KvtraceError("expected a list of integer hashes in [0, 2^64)", path=path, field=list_col) from None
+    out: dict[str, pl.Series] = {"block_ids": df[list_col].cast(pl.List(pl.UInt64))}
     ts_ms = _find(cols, ALIASES["timestamp_ms"])
     ts = _find(cols, ALIASES["timestamp"])
     if ts_ms is not None:
-        # numpy's division is correctly rounded; Polars' multiplies by 1/1000 (71 ms -> 0.07100000000000001 s)
-        try:
-            secs = df[ts_ms].cast(pl.Float64, strict=True).to_numpy() / 1000.0
-        except Exception:
-            raise KvtraceError("expected numbers (milliseconds)", path=path, field=ts_ms) from None
-        out["timestamp"] = pl.lit(pl.Series("timestamp", secs))
+        out["timestamp"] = _seconds(df[ts_ms], ts_ms, 1000.0, where)
     elif ts is not None:
-        out["timestamp"] = pl.col(ts).cast(pl.Float64)
+        out["timestamp"] = _seconds(df[ts], ts, 1.0, where)
     else:
         raise KvtraceError("no timestamp column (timestamp, ts, time or timestamp_ms)", path=path, field="timestamp")
     for name in ("request_id", "session_id", "parent_id", "turn", "type", "tenant", "input_tokens", "output_tokens"):
         c = _find(df.columns, ALIASES[name]) if name != "request_id" else (req_col if req_col in df.columns else None)
         if c is not None:
-            out[name] = pl.col(c)
+            out[name] = _cast_column(df[c], c, REQUEST_SCHEMA[name], where)
+    n = df.height
     if "input_tokens" not in out:
-        out["input_tokens"] = pl.col(list_col).list.len().cast(pl.Int64) * int(block_tokens)
+        out["input_tokens"] = df[list_col].list.len().cast(pl.Int64) * int(block_tokens)
     if "output_tokens" not in out:
-        out["output_tokens"] = pl.lit(0, dtype=pl.Int64)
+        out["output_tokens"] = pl.Series(np.zeros(n, dtype=np.int64))
     if "request_id" not in out:
-        out["request_id"] = pl.int_range(pl.len(), dtype=pl.Int64)
-    exprs = []
-    for name, expr in out.items():
-        dtype = REQUEST_SCHEMA[name]
-        exprs.append(expr.cast(dtype, strict=True).alias(name))
-    try:
-        canon = df.select(exprs)
-    except Exception as exc:
-        raise KvtraceError(f"ill-typed column: {str(exc).splitlines()[0]}", path=path) from None
+        out["request_id"] = pl.Series(np.arange(n, dtype=np.int64))
+    canon = pl.DataFrame({name: series.alias(name) for name, series in out.items()})
+    if "__row" in df.columns:
+        canon = canon.with_columns(df["__row"].alias("__source_row"))
     meta = TraceMeta(block_tokens=int(block_tokens), source_format=fmt, source=os.path.basename(path))
     return canon, meta
 
 
-def _collapse_accesses(df: pl.DataFrame, path: str, req: str, pos: str, hsh: str, fmt: str) -> pl.DataFrame:
-    """Exploded access rows -> one row per request with a list column, chain order by pos."""
-    keep = [c for c in df.columns if c not in (pos, hsh)]
-    first = [pl.col(c).first() for c in keep if c != req]
+def _whole(where) -> dict:
+    """The location of a problem with a whole column: the file only."""
+    return {"path": where(0)["path"]}
+
+
+def _first(mask: pl.Series) -> int:
+    return int(mask.fill_null(False).arg_true()[0])
+
+
+def _check_hash_lists(col: pl.Series, name: str, where) -> None:
+    """A list column of hashes must hold integers in [0, 2^64): no floats, negatives or nulls."""
+    inner = col.dtype.inner
+    if inner != pl.Null and not inner.is_integer():
+        raise KvtraceError(f"expected lists of integer hashes in [0, 2^64), found lists of {inner}",
+                           field=name, **_whole(where))
+    if inner.is_signed_integer():
+        neg = col.list.min() < 0
+        if neg.any():
+            row = _first(neg)
+            hint = " (unsigned 64-bit hashes stored as signed? write the column as uint64)" if inner == pl.Int64 else ""
+            raise KvtraceError(f"expected integer hashes in [0, 2^64), got {col.list.min()[row]}{hint}", field=name,
+                               **where(row))
+        if inner == pl.Int128:
+            big = col.list.max() >= 2**64
+            if big.any():
+                row = _first(big)
+                raise KvtraceError(f"expected integer hashes in [0, 2^64), got {col.list.max()[row]}", field=name,
+                                   **where(row))
+
+
+def _seconds(col: pl.Series, name: str, per_second: float, where) -> pl.Series:
+    """A timestamp column -> float64 seconds (a datetime counts from the Unix epoch)."""
+    dt = col.dtype
+    if dt == pl.Boolean:
+        raise KvtraceError("expected numbers, found booleans", field=name, **_whole(where))
+    if isinstance(dt, pl.Datetime):
+        return pl.Series("timestamp", col.dt.epoch("ns").cast(pl.Float64).to_numpy() / 1e9)
+    if isinstance(dt, pl.Duration):
+        return pl.Series("timestamp", col.dt.total_nanoseconds().cast(pl.Float64).to_numpy() / 1e9)
+    if dt == pl.Date:
+        return pl.Series("timestamp", col.cast(pl.Int64).cast(pl.Float64).to_numpy() * 86400.0)
+    values = _cast_column(col, name, pl.Float64, where, what="numbers" + (" (milliseconds)" if per_second != 1 else ""))
+    if per_second == 1.0:
+        return values
+    # numpy's division is correctly rounded; Polars' multiplies by 1/1000 (71 ms -> 0.07100000000000001 s)
+    return pl.Series("timestamp", values.to_numpy() / per_second)
+
+
+def _cast_column(col: pl.Series, name: str, dtype, where, what: str | None = None) -> pl.Series:
+    """``col`` cast to ``dtype``, or an error naming the first value that does not fit.
+
+    Unlike Polars' casts, a float is only an integer when it is whole (10.0, not 10.5)."""
+    what = what or {pl.Int64: "integers", pl.Float64: "numbers", pl.String: "strings"}.get(dtype, str(dtype))
+    src = col.dtype
+    if src == pl.Boolean and dtype != pl.String:
+        raise KvtraceError(f"expected {what}, found booleans", field=name, **_whole(where))
+    if dtype.is_integer() and src.is_float():
+        whole = col.is_nan().not_() & col.is_finite() & (col == col.floor())
+        bad = whole.not_() & col.is_not_null()
+        if bad.any():
+            row = _first(bad)
+            raise KvtraceError(f"expected {what}, got {col[row]!r}", field=name, **where(row))
+    if src.is_nested() or src in (pl.Object, pl.Binary):
+        raise KvtraceError(f"expected {what}, found {src}", field=name, **_whole(where))
     try:
-        grouped = (
-            df.with_columns(pl.int_range(pl.len()).alias("__row"))
-            .sort([req, pos], maintain_order=True)
-            .group_by(req, maintain_order=True)
-            .agg([pl.col(hsh).cast(pl.UInt64, strict=True).alias("block_ids"), pl.col("__row").min(), *first])
-            .sort("__row")
-            .drop("__row")
-        )
-    except Exception as exc:
-        raise KvtraceError(
-            f"ill-typed access table: {str(exc).splitlines()[0]}", path=path, field=hsh
-        ) from None
-    return grouped
+        out = col.cast(dtype, strict=True)
+        if out.dtype == dtype:
+            return out
+    except Exception:
+        pass
+    try:
+        loose = col.cast(dtype, strict=False)
+    except Exception:
+        raise KvtraceError(f"expected {what}, found a column of {src}", field=name, **_whole(where)) from None
+    bad = loose.is_null() & col.is_not_null()
+    row = _first(bad) if bad.any() else 0
+    value = col[row]
+    shown = repr(value) if not isinstance(value, str) or len(value) < 60 else repr(value[:57] + "...")
+    raise KvtraceError(f"expected {what}, got {shown}", field=name, **where(row))
+
+
+def _collapse_accesses(df: pl.DataFrame, path: str, req: str, pos: str, hsh: str, where,
+                       warnings: list[str] | None) -> pl.DataFrame:
+    """Exploded access rows -> one row per request with a list column, chain order by pos.
+
+    ``__row`` keeps each request's first source row. Two rows for the same position of
+    a request are an error naming both; missing positions are a warning."""
+    hashes = _cast_column(df[hsh], hsh, pl.UInt64, where, what="integer hashes in [0, 2^64)")
+    if hashes.null_count():
+        raise KvtraceError("missing value (required)", field=hsh, **where(_first(hashes.is_null())))
+    positions = _cast_column(df[pos], pos, pl.Int64, where, what="integer positions")
+    if positions.null_count() or (positions < 0).any():
+        row = _first(positions.is_null() | (positions < 0))
+        raise KvtraceError(f"expected a position >= 0, got {positions[row]}", field=pos, **where(row))
+    if df[req].null_count():
+        raise KvtraceError("missing value (required)", field=req, **where(_first(df[req].is_null())))
+    # columns the regrouping creates are not carried over from the source
+    keep = [c for c in df.columns if c not in (pos, hsh, "block_ids", "__row", "__last_pos")]
+    first = [pl.col(c).first() for c in keep if c != req]
+    rows = df.with_columns(hashes.alias(hsh), positions.alias(pos), pl.int_range(pl.len()).alias("__row")).sort(
+        [req, pos], maintain_order=True)
+    same = (rows[req] == rows[req].shift(1)) & (rows[pos] == rows[pos].shift(1))
+    if same.any():
+        k = _first(same)
+        a, b = sorted((int(rows["__row"][k - 1]), int(rows["__row"][k])))
+        at, before = where(b), where(a)
+        first_at = f"line {before['line']}" if "line" in before else f"row {before['row']}"
+        raise KvtraceError(f"request {rows[req][k]} has two hashes at position {rows[pos][k]}: first at {first_at}",
+                           field=pos, **at)
+    grouped = (
+        rows.group_by(req, maintain_order=True)
+        .agg([pl.col(hsh).alias("block_ids"), pl.col("__row").min(), pl.col(pos).max().alias("__last_pos"), *first])
+        .sort("__row")
+    )
+    gaps = int((grouped["__last_pos"] + 1 != grouped["block_ids"].list.len()).sum())
+    if gaps and warnings is not None:
+        warnings.append(f"{gaps} of {grouped.height} requests have missing block positions; their hashes are "
+                        "taken in position order")
+    return grouped.drop("__last_pos")

@@ -1,0 +1,628 @@
+"""Data glue for the Streamlit dashboard (``kvtrace app``); no Streamlit here.
+
+The pages in ``app/`` are UI only. What they need beyond the analysis functions the
+CLI calls (:func:`kvtrace.stats.trace_stats`, :func:`kvtrace.curves.compute_curve`,
+:func:`kvtrace.whatif.simulate`, ...) lives here:
+
+- **trace sources**: the bundled samples, an uploaded file (bytes) or a server-side
+  path, read with :func:`kvtrace.ingest.load_trace` like every command. A source is
+  identified by the SHA-256 of its bytes plus the load options (:attr:`Loaded.key`),
+  the key the app's caches use together with the analysis parameters. A source that
+  cannot be read gives a one-line error (:attr:`Loaded.error`), never a traceback;
+- **chart tables**: small Polars tables (arrivals per minute, length and reuse-time
+  histograms, curve lines per metric and group, latency percentiles) shaped from the
+  library's results. They add no figures of their own: the tests check each against
+  the library function behind it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .curves import GROUPINGS, KNEE_METRICS, CurveResult
+from .errors import KvtraceError
+from .trace import Trace
+
+#: Environment variables ``kvtrace app`` sets for the Streamlit process.
+ENV_TRACE = "KVTRACE_APP_TRACE"
+ENV_FORMAT = "KVTRACE_APP_FORMAT"
+ENV_BLOCK_TOKENS = "KVTRACE_APP_BLOCK_TOKENS"
+ENV_SHARE_TENANTS = "KVTRACE_APP_SHARE_TENANTS"
+ENV_SAMPLES = "KVTRACE_SAMPLES"  # a directory of sample traces instead of the bundled one
+
+_ROOT = Path(__file__).resolve().parents[2]  # the source checkout (analytics/kvtrace/appdata.py)
+APP_DIR = _ROOT / "app"
+APP_ENTRY = APP_DIR / "kvtrace_app.py"
+DEFAULT_SAMPLE = "chat.jsonl"
+TRACE_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz", ".parquet", ".pq", ".csv", ".csv.gz")
+#: Suffixes the upload widget accepts (the last suffix of a name, without the dot).
+UPLOAD_TYPES = ("jsonl", "json", "gz", "parquet", "pq", "csv")
+_HASH_CHUNK = 1 << 22
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def sample_dir() -> Path:
+    """The directory of bundled sample traces (``$KVTRACE_SAMPLES`` overrides)."""
+    return Path(os.environ.get(ENV_SAMPLES) or _ROOT / "sample_traces")
+
+
+def sample_traces() -> dict[str, Path]:
+    """Bundled sample traces by file name, :data:`DEFAULT_SAMPLE` first."""
+    d = sample_dir()
+    files = sorted(p for p in d.iterdir() if p.is_file() and p.name.lower().endswith(TRACE_SUFFIXES)) \
+        if d.is_dir() else []
+    files.sort(key=lambda p: (p.name != DEFAULT_SAMPLE, p.name))
+    return {p.name: p for p in files}
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to read a trace file (the options of every command that reads one).
+
+    Attributes
+    ----------
+    fmt : str
+        ``auto``, ``mooncake``, ``bailian``, ``parquet`` or ``csv``.
+    block_tokens : int or None
+        Tokens per block (None: the format's default).
+    share_tenants : bool
+        Equal hashes in different tenants are the same block.
+    """
+
+    fmt: str = "auto"
+    block_tokens: int | None = None
+    share_tenants: bool = False
+
+    @property
+    def tag(self) -> str:
+        return f"{self.fmt}/{self.block_tokens or 'default'}/{'shared' if self.share_tenants else 'split'}"
+
+
+def launch_options() -> tuple[Path | None, LoadOptions]:
+    """The trace and load options ``kvtrace app TRACE`` passed in the environment."""
+    path = os.environ.get(ENV_TRACE) or None
+    bt = os.environ.get(ENV_BLOCK_TOKENS) or None
+    opts = LoadOptions(fmt=os.environ.get(ENV_FORMAT) or "auto", block_tokens=int(bt) if bt else None,
+                       share_tenants=os.environ.get(ENV_SHARE_TENANTS) == "1")
+    return (Path(path) if path else None), opts
+
+
+def bytes_sha256(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """Hex SHA-256 of a file's bytes, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_HASH_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_signature(path: str | os.PathLike) -> tuple[str, int, int]:
+    """(resolved path, size, mtime_ns): changes whenever the file's content may have.
+
+    The app hashes a file's content once per signature instead of on every rerun.
+    """
+    p = Path(path).expanduser().resolve()
+    st = p.stat()
+    return str(p), int(st.st_size), int(st.st_mtime_ns)
+
+
+@dataclass
+class Loaded:
+    """A trace read for the app, or why it could not be.
+
+    Attributes
+    ----------
+    trace : Trace or None
+        None when the source could not be read.
+    key : str
+        ``sha256:<hex of the source bytes>:<load options>``: the cache key of the trace
+        and, with the analysis parameters, of every result computed from it.
+    label : str
+        The file name shown in the page.
+    error : str or None
+        One line naming the file, the line or row and what was expected.
+    source : str
+        The path (or upload name) the error names.
+    """
+
+    trace: Trace | None
+    key: str
+    label: str
+    error: str | None = None
+    source: str = ""
+
+    def renamed(self, label: str, source: str) -> "Loaded":
+        """The same trace under another name (same bytes read from another file)."""
+        error = self.error
+        if error is not None and self.source:
+            error = error.replace(self.source, source, 1)
+        return dataclasses.replace(self, label=label, error=error, source=source)
+
+
+def trace_key(digest: str, options: LoadOptions) -> str:
+    return f"sha256:{digest}:{options.tag}"
+
+
+def error_line(exc: BaseException, label: str, internal_path: str | None = None) -> str:
+    """One line for a source that failed to load (no traceback).
+
+    ``internal_path`` (a temporary copy of an upload) is replaced by ``label``.
+    """
+    if isinstance(exc, KvtraceError):
+        path = exc.path
+        if path is None or (internal_path is not None and str(path) == str(internal_path)):
+            path = label
+        err = type(exc)(exc.message, path=path, line=exc.line, row=exc.row, field=exc.field)
+        text = err.one_line()
+    elif isinstance(exc, MemoryError):
+        text = f"{label}: out of memory while reading the trace: try a smaller trace or the CLI with --sample-rate"
+    elif isinstance(exc, OSError):
+        text = f"{label}: {exc.strerror or exc}"
+    else:
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        text = f"{label}: not a readable trace ({type(exc).__name__}: {detail})"
+    if internal_path is not None:
+        text = text.replace(str(internal_path), label)
+    return " ".join(text.split())
+
+
+def _load(path: str, options: LoadOptions) -> Trace:
+    from .ingest import load_trace
+
+    return load_trace(path, fmt=options.fmt, block_tokens=options.block_tokens,
+                      share_tenants=options.share_tenants)
+
+
+def load_file(path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, digest: str | None = None,
+              label: str | None = None) -> Loaded:
+    """Read a trace file on this machine (a sample or a server-side path).
+
+    Parameters
+    ----------
+    path : path-like
+    options : LoadOptions
+    digest : str, optional
+        The file's SHA-256 when already known (:func:`file_sha256`).
+    label : str, optional
+        Name shown in the page (default: the file name).
+    """
+    p = Path(path).expanduser()
+    label = label or p.name or str(path)
+    try:
+        if not p.exists():
+            raise KvtraceError("no such file", path=str(path))
+        if p.is_dir():
+            raise KvtraceError("is a directory, expected a trace file", path=str(path))
+        digest = digest or file_sha256(p)
+        trace = _load(str(p), options)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes one line in the page
+        return Loaded(None, trace_key(digest or "unreadable", options), label, error_line(exc, str(path)), str(path))
+    return Loaded(trace, trace_key(digest, options), label, source=str(path))
+
+
+def _safe_name(name: str) -> str:
+    base = Path(name.replace("\\", "/")).name or "upload"
+    return re.sub(r"[^A-Za-z0-9._-]", "_", base)[-120:]
+
+
+def load_upload(name: str, data: bytes, options: LoadOptions = LoadOptions(), *,
+                digest: str | None = None) -> Loaded:
+    """Read an uploaded trace (its bytes; the name's suffix tells the format).
+
+    The bytes are written to a private temporary file under the upload's name (the
+    readers detect the format from the suffix), read, and the file removed.
+    """
+    digest = digest or bytes_sha256(data)
+    key = trace_key(digest, options)
+    label = Path(name).name or "upload"
+    with tempfile.TemporaryDirectory(prefix="kvtrace-upload-") as tmp:
+        path = os.path.join(tmp, _safe_name(name))
+        try:
+            if not data:
+                raise KvtraceError("the uploaded file is empty", path=label)
+            with open(path, "wb") as f:
+                f.write(data)
+            trace = _load(path, options)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes one line in the page
+            return Loaded(None, key, label, error_line(exc, label, internal_path=path), label)
+    trace.meta = dataclasses.replace(trace.meta, source=label)
+    return Loaded(trace, key, label, source=label)
+
+
+# --------------------------------------------------------------------------- overview
+
+
+def arrivals_per_minute(trace: Trace) -> pl.DataFrame:
+    """Requests per minute of trace time, as ``kvtrace stats`` counts them.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``minute`` int64 (minutes from the first arrival's minute), ``requests`` int64.
+        Its mean and maximum are the stats' ``mean_arrivals_per_minute`` and
+        ``peak_arrivals_per_minute``.
+    """
+    ts = trace.request_timestamp
+    if ts.size == 0:
+        return pl.DataFrame({"minute": [], "requests": []}, schema={"minute": pl.Int64, "requests": pl.Int64})
+    minute = np.floor(ts / 60.0).astype(np.int64)
+    counts = np.bincount(minute - minute.min())
+    return pl.DataFrame({"minute": np.arange(counts.shape[0], dtype=np.int64), "requests": counts.astype(np.int64)})
+
+
+def _log_histogram(x: np.ndarray, *, zero_below: float | None = None, per_octave: int = 2) -> pl.DataFrame:
+    """Counts of ``x`` in log-spaced bins (``per_octave`` bins per doubling).
+
+    Values below ``zero_below`` (e.g. a reuse in the same second) go to a first bin
+    ``[0, zero_below)``.
+    """
+    schema = {"bin_lo": pl.Float64, "bin_hi": pl.Float64, "count": pl.Int64}
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if x.size == 0:
+        return pl.DataFrame({"bin_lo": [], "bin_hi": [], "count": []}, schema=schema)
+    rows = []
+    if zero_below is not None:
+        small = x < zero_below
+        if small.any():
+            rows.append((0.0, float(zero_below), int(small.sum())))
+        x = x[~small]
+    if x.size:
+        lo = max(float(x.min()), 1e-300)
+        lo_e = math.floor(math.log2(lo) * per_octave)
+        hi_e = math.floor(math.log2(float(x.max())) * per_octave) + 1
+        edges = 2.0 ** (np.arange(lo_e, hi_e + 1) / per_octave)
+        counts, _ = np.histogram(x, bins=edges)
+        rows += [(float(edges[i]), float(edges[i + 1]), int(c)) for i, c in enumerate(counts)]
+    return pl.DataFrame(rows, schema=schema, orient="row")
+
+
+def input_length_histogram(trace: Trace) -> pl.DataFrame:
+    """Requests by prompt length (``input_tokens``), two log bins per doubling.
+
+    Columns ``bin_lo``, ``bin_hi`` (tokens, the bin is ``[lo, hi)``), ``count``
+    (requests). Zero-length prompts fall in a ``[0, 1)`` bin.
+    """
+    return _log_histogram(trace.requests["input_tokens"].to_numpy(), zero_below=1.0)
+
+
+def reuse_times(trace: Trace) -> np.ndarray:
+    """float64: seconds between consecutive accesses of the same block.
+
+    The same values (as a multiset) as ``kvtrace stats``' ``reuse_time_s`` row: one per
+    access that re-references a block, measured from the block's previous access.
+    """
+    a = trace.accesses
+    if len(a) == 0:
+        return np.zeros(0)
+    order = np.argsort(a.block, kind="stable")  # trace order within each block
+    blk = a.block[order]
+    ts = trace.request_timestamp[a.request[order]]
+    same = blk[1:] == blk[:-1]
+    return (ts[1:] - ts[:-1])[same]
+
+
+def reuse_time_histogram(trace: Trace) -> pl.DataFrame:
+    """Block re-references by seconds since the previous access of the block.
+
+    Columns ``bin_lo``, ``bin_hi`` (seconds, ``[lo, hi)``), ``count`` (accesses).
+    Reuses under a millisecond (the same request, or requests arriving together)
+    share a first ``[0, 0.001)`` bin.
+    """
+    return _log_histogram(reuse_times(trace), zero_below=1e-3)
+
+
+# --------------------------------------------------------------------------- curves
+
+#: Metric choices of the Curves page: label -> curve-table column.
+CURVE_METRICS = {
+    "usable-prefix tokens": "prefix_token_hit_rate",
+    "requests": "request_hit_rate",
+    "bytes": "prefix_byte_hit_rate",
+    "compute saved": "compute_saved_rate",
+}
+#: Above this many block accesses the Curves page proposes SHARDS sampling.
+LARGE_TRACE_ACCESSES = 5_000_000
+
+
+def groupings(trace: Trace) -> list[str]:
+    """The ``--by`` groupings this trace has values for (type, tenant, turn, session-length)."""
+    req = trace.requests
+    col = {"type": "type", "tenant": "tenant", "turn": "turn", "session-length": "session_id"}
+    return [g for g in GROUPINGS if req[col[g]].null_count() < req.height]
+
+
+def curve_lines(result: CurveResult, metric: str) -> pl.DataFrame:
+    """One line per group (``all`` without a breakdown) of one curve metric.
+
+    Returns
+    -------
+    polars.DataFrame
+        ``group`` str · ``capacity_bytes`` int64 · ``capacity_gib`` float64 ·
+        ``rate`` float64 · ``se`` float64 (estimated standard error of a sampled
+        headline rate; null otherwise). Capacity 0 is dropped (log axis).
+    """
+    se_col = f"{metric}_se"
+    base = result.curve.with_columns(pl.lit("all").alias("group"))
+    frames = [base]
+    if result.by_group is not None:
+        frames.append(result.by_group)
+    out = []
+    for df in frames:
+        se = pl.col(se_col) if se_col in df.columns else pl.lit(None, dtype=pl.Float64)
+        out.append(df.select(
+            pl.col("group").cast(pl.String),
+            pl.col("capacity_bytes").cast(pl.Int64),
+            (pl.col("capacity_bytes").cast(pl.Float64) / 2**30).alias("capacity_gib"),
+            pl.col(metric).cast(pl.Float64).alias("rate"),
+            se.cast(pl.Float64).alias("se"),
+        ))
+    return pl.concat(out).filter(pl.col("capacity_bytes") > 0)
+
+
+def knee_points(result: CurveResult, metric: str) -> pl.DataFrame:
+    """The library's knees of ``metric`` (none for metrics it has no knees for).
+
+    Columns ``fraction``, ``target_rate``, ``capacity_bytes``, ``capacity_gib``,
+    ``label`` (e.g. ``80% of ceiling``).
+    """
+    schema = {"fraction": pl.Float64, "target_rate": pl.Float64, "capacity_bytes": pl.Int64,
+              "capacity_gib": pl.Float64, "label": pl.String}
+    if metric not in KNEE_METRICS:
+        return pl.DataFrame(schema=schema)
+    k = result.knees.filter(pl.col("metric") == metric).drop_nulls("capacity_bytes")
+    return k.select(
+        "fraction", "target_rate", "capacity_bytes",
+        (pl.col("capacity_bytes").cast(pl.Float64) / 2**30).alias("capacity_gib"),
+        ((pl.col("fraction") * 100).round(0).cast(pl.Int64).cast(pl.String) + "% of ceiling").alias("label"),
+    ).cast(schema)
+
+
+def tier_marks(dram_bytes: int, flash_bytes: int) -> dict[str, int]:
+    """Capacities to draw on a curve: DRAM, and DRAM + flash (one LRU of both, DESIGN §2)."""
+    marks = {}
+    if dram_bytes > 0:
+        marks["DRAM"] = int(dram_bytes)
+    if flash_bytes > 0:
+        marks["DRAM + flash"] = int(dram_bytes) + int(flash_bytes)
+    return marks
+
+
+# --------------------------------------------------------------------------- what-ifs
+
+#: Admission policies offered by the What-ifs page (any ``--policy`` spelling works).
+WHATIF_POLICIES = ("all", "second-hit", "tinylfu", "reuse-oracle", "prob:0.3", "idle<60s", "value>=0", "none")
+#: Percentile columns of a what-if table and their labels.
+LATENCY_COLUMNS = {"service_time_p50_s": "p50", "service_time_p90_s": "p90", "service_time_p99_s": "p99",
+                   "service_time_p999_s": "p99.9"}
+
+
+def latency_table(table: pl.DataFrame) -> pl.DataFrame:
+    """Reusable-prefix service-time percentiles of a what-if table, long format.
+
+    Columns ``config`` str · ``percentile`` str (p50, p90, p99, p99.9) · ``ms``
+    float64 (the table's ``service_time_*_s`` x 1000).
+    """
+    cols = [c for c in LATENCY_COLUMNS if c in table.columns]
+    return (
+        table.select(pl.col("config").cast(pl.String), *cols)
+        .unpivot(index="config", variable_name="percentile", value_name="s")
+        .with_columns(pl.col("percentile").replace_strict(LATENCY_COLUMNS), (pl.col("s") * 1e3).alias("ms"))
+        .drop("s")
+    )
+
+
+def flash_share(table: pl.DataFrame) -> pl.Series:
+    """Usable-prefix token share served from local SSD or shared flash, per row."""
+    return (table["h_flash_token"].fill_null(0.0) + table["h_local_token"].fill_null(0.0)).alias("h_flash_token")
+
+
+# --------------------------------------------------------------------------- sizing
+
+#: Tiers of a sizing config; the first is required, the others drop their candidates when left out.
+SIZING_TIERS = ("dram", "local_ssd", "shared_flash")
+_NUMBER_KINDS = ("money", "positive", "nonneg", "fraction", "share")
+
+
+def sizing_available() -> bool:
+    """Whether this kvtrace has :mod:`kvtrace.sizing` (``kvtrace size``)."""
+    try:
+        from . import sizing
+    except ImportError:
+        return False
+    return all(hasattr(sizing, n) for n in ("SizingConfig", "default_config", "recommend", "report_markdown",
+                                             "report_html"))
+
+
+def sizing_fields() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
+    """The TOML layout a sizing config is written in, with each value's kind.
+
+    Returns ``({section: {key: kind}}, {tier key: kind})``; kinds are those of
+    :mod:`kvtrace.sizing` (``str``, ``int``, ``size``, ``size0``, ``money``,
+    ``positive``, ``nonneg``, ``fraction``, ``share``, ``strlist``). Read from the
+    sizing module's own key tables, so the dashboard's form has exactly the keys
+    ``kvtrace size --config`` accepts.
+    """
+    from . import sizing
+
+    sections = {sec: {k: kind for k, (_attr, kind) in keys.items()} for sec, keys in sizing._SECTIONS.items()}
+    tiers = {k: spec[1] for k, spec in sizing._TIER_KEYS.items()}
+    return sections, tiers
+
+
+def _field_text(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, (list, tuple)):
+        return ", ".join(str(x) for x in v)
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e15 else repr(v)
+    return str(v)
+
+
+def sizing_form_values(config) -> dict[str, str]:
+    """A sizing config as form text: ``{"section.key": text}`` and
+    ``{"tiers.NAME.key": text}`` for every key of :func:`sizing_fields` (unset: "")."""
+    sections, tier_keys = sizing_fields()
+    d = config.to_dict()
+    out = {f"{sec}.{k}": _field_text(d.get(sec, {}).get(k)) for sec, keys in sections.items() for k in keys}
+    for tier in SIZING_TIERS:
+        body = d.get("tiers", {}).get(tier, {})
+        out.update({f"tiers.{tier}.{k}": _field_text(body.get(k)) for k in tier_keys})
+    return out
+
+
+def _parse_field(text: str, kind: str, key: str, source: str):
+    t = text.strip()
+    if kind in ("str", "size", "size0"):
+        return t
+    if kind == "strlist":
+        return [x.strip() for x in t.split(",") if x.strip()]
+    try:
+        return int(t) if kind == "int" else float(t)
+    except ValueError:
+        what = "an integer" if kind == "int" else "a number"
+        raise KvtraceError(f"expected {what}, got '{t}'", path=source, field=key) from None
+
+
+def sizing_config_from_form(values: dict[str, str], tiers: tuple[str, ...] = SIZING_TIERS,
+                            source: str = "the form"):
+    """Build and validate a :class:`kvtrace.sizing.SizingConfig` from form text.
+
+    Parameters
+    ----------
+    values : dict
+        ``"section.key"`` / ``"tiers.NAME.key"`` -> text; empty text leaves a key out
+        (its default applies), as a commented-out line in the TOML would.
+    tiers : tuple of str
+        The tiers to include (``dram`` is always required).
+    source : str
+        Name used in error messages.
+
+    Raises
+    ------
+    KvtraceError
+        One line naming the key and what was expected (the sizing module's checks).
+    """
+    from .sizing import SizingConfig
+
+    sections, tier_keys = sizing_fields()
+    d: dict = {}
+    for sec, keys in sections.items():
+        body = {}
+        for k, kind in keys.items():
+            text = values.get(f"{sec}.{k}", "")
+            if str(text).strip():
+                body[k] = _parse_field(str(text), kind, f"{sec}.{k}", source)
+        d[sec] = body
+    d["tiers"] = {}
+    for tier in SIZING_TIERS:
+        if tier not in tiers:
+            continue
+        body = {}
+        for k, kind in tier_keys.items():
+            text = values.get(f"tiers.{tier}.{k}", "")
+            if str(text).strip():
+                body[k] = _parse_field(str(text), kind, f"tiers.{tier}.{k}", source)
+        d["tiers"][tier] = body
+    return SizingConfig.from_dict(d, source=source)
+
+
+def sizing_config_from_toml(name: str, data: bytes):
+    """Parse an uploaded ``tiers.toml`` (one-line :class:`KvtraceError` naming ``name``)."""
+    import sys
+
+    from .sizing import SizingConfig
+
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    try:
+        d = tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise KvtraceError("expected UTF-8 TOML text", path=name) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise KvtraceError(f"invalid TOML: {exc}", path=name) from None
+    return SizingConfig.from_dict(d, source=name)
+
+
+def sizing_table(result, lens: str) -> pl.DataFrame:
+    """One lens of :attr:`SizingResult.candidates`, ranked, with the columns the
+    dashboard shows (the library's values, unformatted)."""
+    cols = ["rank", "candidate", "config", "policy", "h_dram", "h_flash", "mean_ms", "p99_ms", "monthly_cost_usd",
+            "net_monthly_usd", "break_even_realisation", "feasible", "reasons"]
+    c = result.candidates
+    return c.filter(pl.col("lens") == lens).sort("rank").select([x for x in cols if x in c.columns])
+
+
+# --------------------------------------------------------------------------- launch
+
+
+def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 8501, headless: bool = False,
+                      options: LoadOptions = LoadOptions()) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment that serve the dashboard (``kvtrace app``).
+
+    Parameters
+    ----------
+    trace : path-like, optional
+        The trace to open on (default: the first bundled sample).
+    port : int
+        TCP port on localhost.
+    headless : bool
+        Do not open a browser tab.
+    options : LoadOptions
+        How to read ``trace``.
+
+    Returns
+    -------
+    (argv, env)
+        ``python -m streamlit run app/kvtrace_app.py ...`` and the environment that
+        passes the trace to the app.
+
+    Raises
+    ------
+    KvtraceError
+        The trace does not exist, or this copy of kvtrace has no ``app/`` directory.
+    """
+    import sys
+
+    if not APP_ENTRY.is_file():
+        raise KvtraceError("the dashboard (app/) is not installed with this copy of kvtrace: run kvtrace app "
+                           "from a source checkout (pip install -e .)", path=str(APP_ENTRY))
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_TRACE, ENV_FORMAT, ENV_BLOCK_TOKENS, ENV_SHARE_TENANTS)}
+    if trace is not None:
+        p = Path(trace).expanduser()
+        if not p.exists():
+            raise KvtraceError("no such file", path=str(trace))
+        if p.is_dir():
+            raise KvtraceError("is a directory, expected a trace file", path=str(trace))
+        env[ENV_TRACE] = str(p.resolve())
+    env[ENV_FORMAT] = options.fmt
+    if options.block_tokens:
+        env[ENV_BLOCK_TOKENS] = str(int(options.block_tokens))
+    if options.share_tenants:
+        env[ENV_SHARE_TENANTS] = "1"
+    argv = [sys.executable, "-m", "streamlit", "run", str(APP_ENTRY),
+            "--server.port", str(int(port)), "--server.address", "localhost",
+            "--server.headless", "true" if headless else "false",
+            "--browser.serverAddress", "localhost", "--browser.gatherUsageStats", "false",
+            "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"]
+    return argv, env

@@ -1,0 +1,494 @@
+"""Bounded-memory streaming over traces larger than RAM (``kvtrace curve --stream``).
+
+An in-memory run holds the whole access table and every per-access result: about 80
+bytes per block access at its peak (2.3 GB for 30M accesses), so a fleet trace of
+billions of accesses does not fit. A streamed run reads the Parquet request table row
+group by row group and keeps only what is O(distinct blocks) or O(requests) in memory;
+every per-access array exists one chunk at a time. Its results equal the in-memory
+run's **bit for bit** (``tests/test_stream.py`` compares every array and table).
+
+Passes
+------
+1. **Scan** (:func:`open_stream`): each row group is validated as in memory
+   (:mod:`kvtrace.ingest.chunks`), its hashes get dense ids through one persistent
+   hash -> id map (:func:`kvtrace.kernels.densify.densify`, carried across chunks,
+   O(distinct blocks)), and the ids are appended to a spill file (4 bytes per access).
+   Block sizes (a block's largest token count over the whole trace) are only known at
+   the end of this pass, and the stack distances need them, hence two passes. The
+   map is freed before pass 2.
+2. **Bin** (:meth:`StreamedTrace.binned_pass`, called by
+   :func:`kvtrace.curves.compute_curve`): chunks of about 4M accesses are read back
+   from the spill file, run through the stack-distance kernel with its state carried
+   across chunks (:class:`kvtrace.kernels.stackdist.StackState`), and added into the
+   curve's capacity histogram in trace order
+   (:func:`kvtrace.kernels.hitcurve.binned_hits_into`), so the float sums are the
+   in-memory ones. The usable-prefix distances go to a second spill file (8 bytes per
+   access).
+3. **Knees**: the exact knee search reads the usable distances back, chunk by chunk,
+   for the few histogram bins that bracket a knee.
+
+Memory, per distinct block M and request R (bytes): pass 1 about 60-120 x M (the
+hash map at load <= 0.5, plus the per-block hash, tenant and size arrays); pass 2
+about 60 x M (the kernel's slot arrays and per-block state) + 40 x R (offsets,
+timestamps, per-request keys); plus one chunk (~200 MB). Disk: 12 bytes per access in
+a temporary directory (``spill_dir``, default the system's), removed on close.
+
+A sampled run (``--sample-rate``) on a streamed trace memory-maps the spill files and
+runs the in-memory SHARDS path on them unchanged (its exact short-window distances
+read back across the trace), so it too equals the in-memory result bit for bit; the
+mapped pages (4-8 bytes per access) are page cache that the OS can reclaim, and they
+show in the resident set size.
+
+When to stream (:func:`should_stream`): ``kvtrace curve`` streams a Parquet trace
+whose in-memory run would need more than the memory budget, and always with
+``--stream``. The budget is ``$KVTRACE_MEMORY_BUDGET`` (a size such as ``8GiB``), else
+half of the memory available when the command starts.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import polars as pl
+
+from .distances import Distances
+from .errors import KvtraceError, UsageError
+from .ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
+from .kernels.densify import densify
+from .kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
+from .kernels.layout import request_and_pos
+from .kernels.stackdist import COLD, StackState, stack_distances_chunk
+from .trace import TraceMeta
+from .units import parse_size
+
+#: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (measured:
+#: 2.34 GB for 30.0M accesses, README performance table), rounded up.
+IN_MEMORY_BYTES_PER_ACCESS = 80
+MEMORY_BUDGET_ENV = "KVTRACE_MEMORY_BUDGET"
+#: Accesses per chunk of pass 2 (about 100 MB of per-access arrays).
+CHUNK_ACCESSES = 1 << 22
+_ID_DTYPE = np.int32  # dense ids in the spill file
+_MAX_BLOCKS = np.iinfo(_ID_DTYPE).max
+
+
+# --------------------------------------------------------------------------- when
+def memory_budget() -> int:
+    """Bytes an in-memory run may use: ``$KVTRACE_MEMORY_BUDGET``, else half of the
+    memory available now (``MemAvailable``; total physical memory where unknown)."""
+    env = os.environ.get(MEMORY_BUDGET_ENV)
+    if env:
+        return parse_size(env, field=MEMORY_BUDGET_ENV)
+    avail = None
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if avail is None:
+        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return avail // 2
+
+
+def is_parquet(path: str | os.PathLike, fmt: str = "auto") -> bool:
+    """Whether ``path`` is read as Parquet (streaming reads only Parquet)."""
+    if fmt not in ("auto", "parquet"):
+        return False
+    return str(path).lower().endswith((".parquet", ".pq")) or fmt == "parquet"
+
+
+def in_memory_estimate(path: str | os.PathLike) -> int:
+    """Estimated peak bytes of an in-memory curve of a Parquet trace, from its metadata
+    (block accesses x :data:`IN_MEMORY_BYTES_PER_ACCESS`), without reading the data."""
+    import pyarrow.parquet as pq
+
+    from .ingest.tabular import LIST_COLUMNS
+
+    try:
+        md = pq.ParquetFile(str(path)).metadata
+    except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
+        raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=str(path)) from None
+    n = 0
+    for i in range(md.num_row_groups):
+        rg = md.row_group(i)
+        for j in range(rg.num_columns):
+            c = rg.column(j)
+            if c.path_in_schema.split(".")[0].lower() in LIST_COLUMNS:
+                n += int(c.num_values)
+    return n * IN_MEMORY_BYTES_PER_ACCESS
+
+
+def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None) -> bool:
+    """Whether ``kvtrace curve`` streams this trace.
+
+    Parameters
+    ----------
+    stream : bool or None
+        ``True``/``False`` force it (``--stream``/``--no-stream``); None decides: a
+        Parquet trace streams when :func:`in_memory_estimate` exceeds
+        :func:`memory_budget`; other formats are read in memory.
+    """
+    if stream is not None:
+        if stream and not is_parquet(path, fmt):
+            raise UsageError("--stream reads Parquet request tables: convert the trace once with "
+                             "kvtrace ingest TRACE -o trace.parquet", field="stream")
+        return bool(stream)
+    if not is_parquet(path, fmt) or not os.path.isfile(path):
+        return False
+    return in_memory_estimate(path) > memory_budget()
+
+
+# --------------------------------------------------------------------------- the trace
+@dataclass
+class BinnedPass:
+    """What a chunked pass hands to :func:`kvtrace.curves.compute_curve`.
+
+    Attributes
+    ----------
+    stream : curves._Stream
+        Request offsets of the whole trace; per-access arrays empty (never held).
+    distances : Distances
+        Empty arrays (the distances went through the histogram).
+    hist : float64[2, n_groups, G + 2, 4]
+        :func:`kvtrace.kernels.hitcurve.binned_hits` of the whole stream.
+    request_keys : (int64[R], bool[R])
+        Usable key of each request's first block (COLD: empty or cold) and which
+        requests are measured.
+    top : int
+        Largest finite distance or usable distance among measured accesses (tokens).
+    keys_in_ranges : callable
+        ``(lo_keys, hi_keys) -> (keys, range, tokens, q)``, as
+        :func:`kvtrace.kernels.hitcurve.keys_in_ranges` over the whole stream.
+    """
+
+    stream: object
+    distances: Distances
+    hist: np.ndarray
+    request_keys: tuple
+    top: int
+    keys_in_ranges: Callable
+
+
+class _Derived:
+    """A per-access column computed on indexing (``tokens`` or ``pos``) from the
+    request offsets: what the sampled path gathers at its evaluated accesses."""
+
+    def __init__(self, trace: "StreamedTrace", which: str) -> None:
+        self._t = trace
+        self._which = which
+        self.dtype = np.dtype(np.int32)
+        self.shape = (trace.n_accesses,)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx):
+        idx = np.asarray(idx, dtype=np.int64)
+        rs = self._t._req_start
+        r = np.searchsorted(rs, idx, side="right") - 1
+        if self._which == "pos":
+            return (idx - rs[r]).astype(np.int32)
+        out = np.full(idx.shape, self._t.meta.block_tokens, dtype=np.int32)
+        last = idx == rs[r + 1] - 1
+        out[last] = self._t._last_tokens[r[last]]
+        return out
+
+
+class _Accesses:
+    """The access table of a streamed trace: request offsets in memory; ``block`` and
+    ``request`` memory-mapped from spill files on first use; ``tokens`` and ``pos``
+    derived on indexing."""
+
+    def __init__(self, trace: "StreamedTrace") -> None:
+        self._t = trace
+        self.req_start = trace._req_start
+
+    def __len__(self) -> int:
+        return self._t.n_accesses
+
+    @property
+    def block(self) -> np.ndarray:
+        return self._t._mapped("blocks")
+
+    @property
+    def request(self) -> np.ndarray:
+        return self._t._mapped("requests")
+
+    @property
+    def tokens(self) -> _Derived:
+        return _Derived(self._t, "tokens")
+
+    @property
+    def pos(self) -> _Derived:
+        return _Derived(self._t, "pos")
+
+
+class StreamedTrace:
+    """A trace scanned once in chunks (:func:`open_stream`), for
+    :func:`kvtrace.curves.compute_curve`.
+
+    It has the attributes of :class:`kvtrace.trace.Trace` that the curve reads, with
+    the memory of a streamed run: ``requests`` holds the timestamp (and the columns
+    asked for, e.g. for ``by``) but no block lists; ``block_hash``, ``block_tenant``,
+    ``block_size`` are per dense block id; the accesses live in a spill file. Close it
+    (or use it as a context manager) to remove the spill directory.
+    """
+
+    def __init__(self, meta: TraceMeta, requests: pl.DataFrame, req_start: np.ndarray, last_tokens: np.ndarray,
+                 block_hash: np.ndarray, block_tenant: np.ndarray, block_size: np.ndarray, spill: Path,
+                 warnings: list[str]) -> None:
+        self.meta = meta
+        self.requests = requests
+        self._req_start = req_start
+        self._last_tokens = last_tokens
+        self.block_hash = block_hash
+        self.block_tenant = block_tenant
+        self.block_size = block_size
+        self.spill = spill
+        self.warnings = warnings
+        self._maps: dict = {}
+
+    # the Trace attributes the curve reads
+    @property
+    def n_requests(self) -> int:
+        return self.requests.height
+
+    @property
+    def n_accesses(self) -> int:
+        return int(self._req_start[-1])
+
+    @property
+    def n_blocks(self) -> int:
+        return int(self.block_size.shape[0])
+
+    @property
+    def request_timestamp(self) -> np.ndarray:
+        return self.requests["timestamp"].to_numpy()
+
+    @property
+    def duration(self) -> float:
+        ts = self.request_timestamp
+        return float(ts[-1] - ts[0]) if ts.size else 0.0
+
+    @property
+    def accesses(self) -> _Accesses:
+        return _Accesses(self)
+
+    # lifetime
+    def close(self) -> None:
+        """Remove the spill files (a mapped array stays valid until released)."""
+        self._maps.clear()
+        shutil.rmtree(self.spill, ignore_errors=True)
+
+    def __enter__(self) -> "StreamedTrace":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # chunks
+    def _chunks(self, size: int = CHUNK_ACCESSES):
+        """(first request, end request, lo, hi) of chunks of whole requests, ~size accesses."""
+        rs = self._req_start
+        n_req = rs.shape[0] - 1
+        r = 0
+        while r < n_req:
+            r_end = int(np.searchsorted(rs, rs[r] + size, side="right")) - 1
+            r_end = min(max(r_end, r + 1), n_req)
+            yield r, r_end, int(rs[r]), int(rs[r_end])
+            r = r_end
+
+    def _layout(self, r: int, r_end: int, lo: int):
+        """Local offsets, tokens (int32) and positions (int32) of requests r..r_end-1."""
+        lrs = self._req_start[r:r_end + 1] - lo
+        m = int(lrs[-1])
+        tokens = np.full(m, self.meta.block_tokens, dtype=np.int32)
+        ends = lrs[1:]
+        has = ends > lrs[:-1]
+        tokens[ends[has] - 1] = self._last_tokens[r:r_end][has]
+        local_req, pos = request_and_pos(lrs)
+        return lrs, tokens, pos, local_req
+
+    def _mapped(self, name: str) -> np.ndarray:
+        if name not in self._maps:
+            path = self.spill / name
+            if name == "requests" and not path.exists():
+                dtype = np.int32 if self.n_requests <= np.iinfo(np.int32).max else np.int64
+                with open(path.with_suffix(".tmp"), "wb") as fh:
+                    for r, r_end, lo, hi in self._chunks():
+                        lens = np.diff(self._req_start[r:r_end + 1])
+                        np.repeat(np.arange(r, r_end, dtype=dtype), lens).tofile(fh)
+                os.replace(path.with_suffix(".tmp"), path)
+            dtype = _ID_DTYPE if name == "blocks" else (np.int32 if self.n_requests <= np.iinfo(np.int32).max
+                                                         else np.int64)
+            if self.n_accesses == 0:
+                self._maps[name] = np.empty(0, dtype=dtype)
+            else:
+                self._maps[name] = np.memmap(path, dtype=dtype, mode="r", shape=(self.n_accesses,))
+        return self._maps[name]
+
+    def binned_pass(self, ev: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
+                    n_groups: int, block_tokens: int,
+                    progress: Callable[[int, int], None] | None = None) -> BinnedPass:
+        """Pass 2 (see the module docstring): exact distances chunk by chunk, binned on
+        ``grid`` (tokens) into the histogram :func:`kvtrace.curves.compute_curve`
+        evaluates, with the per-request keys, the top distance and the knee reader."""
+        from .curves import _Stream
+
+        rs = self._req_start
+        n_req = rs.shape[0] - 1
+        n = self.n_accesses
+        size = np.ascontiguousarray(self.block_size, dtype=np.int64)
+        state = StackState(size.shape[0])
+        state.last_request = np.empty(0, dtype=np.int64)  # no previous-request output: 8 bytes/block saved
+        hist = np.zeros((2, n_groups, grid.shape[0] + 2, 4), dtype=np.float64)
+        keys = np.full(n_req, COLD, dtype=np.int64)
+        first_acc = int(rs[first_req]) if n_req else 0
+        top = 0
+        no_prev = np.empty(0, dtype=np.int64)
+        no_scale = np.empty(0, dtype=np.float64)
+        no_group = np.empty(0, dtype=np.int32)
+        prefix_aware = ev == "prefix-aware"
+        usable_path = self.spill / "usable"
+        with open(self.spill / "blocks", "rb") as blocks, open(usable_path, "wb") as usable_out:
+            for r, r_end, lo, hi in self._chunks():
+                block = np.fromfile(blocks, dtype=_ID_DTYPE, count=hi - lo).astype(np.int64)
+                lrs, tokens, pos, local_req = self._layout(r, r_end, lo)
+                dist = np.empty(hi - lo, dtype=np.int64)
+                usable = np.empty(hi - lo, dtype=np.int64)
+                stack_distances_chunk(block, size, lrs, r, prefix_aware, *state.arrays(), dist, no_prev, usable)
+                first = min(max(first_acc - lo, 0), hi - lo)
+                group = no_group if req_group is None else req_group[r + local_req].astype(np.int32)
+                binned_hits_into(hist, dist, usable, first, tokens, pos, block, size, block_tokens, group, grid,
+                                 no_scale)
+                nonempty = lrs[1:] > lrs[:-1]
+                keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
+                top = max(top, int(max_finite(dist, first)), int(max_finite(usable, first)))
+                usable.tofile(usable_out)
+                if progress is not None:
+                    progress(hi, n)
+        del state
+        members = np.arange(n_req) >= first_req
+        stream = _Stream(np.empty(0, np.int64), size, rs, np.empty(0, np.int32), np.empty(0, np.int32),
+                         np.empty(0, np.int64))
+        empty = np.empty(0, dtype=np.int64)
+
+        def in_ranges(lo_keys: np.ndarray, hi_keys: np.ndarray):
+            parts = []
+            with open(usable_path, "rb") as fh:
+                for r, r_end, lo, hi in self._chunks():
+                    u = np.fromfile(fh, dtype=np.int64, count=hi - lo)
+                    if hi <= first_acc:
+                        continue
+                    _, tokens, pos, _ = self._layout(r, r_end, lo)
+                    parts.append(keys_in_ranges(u, max(first_acc - lo, 0), tokens, pos, block_tokens,
+                                                lo_keys, hi_keys, no_scale))
+            if not parts:
+                return keys_in_ranges(empty, 0, np.empty(0, np.int32), np.empty(0, np.int32), block_tokens,
+                                      lo_keys, hi_keys, no_scale)
+            return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
+
+        return BinnedPass(stream, Distances(ev, empty, empty), hist, (keys, members), top, in_ranges)
+
+
+def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
+                share_tenants: bool = False, columns: Sequence[str] = (), spill_dir: str | os.PathLike | None = None,
+                progress: Callable[[int, int], None] | None = None) -> StreamedTrace:
+    """Pass 1 of a streamed run: scan a Parquet request table in row-group chunks.
+
+    Parameters
+    ----------
+    path : path-like
+        Canonical or generic Parquet request table, requests in timestamp order
+        (:mod:`kvtrace.ingest.chunks` says why).
+    fmt : str
+        ``auto`` or ``parquet``.
+    block_tokens : int, optional
+        Tokens per block (required for generic tables).
+    share_tenants : bool
+        Treat equal hashes in different tenants as the same block.
+    columns : sequence of str
+        Request columns to keep besides ``timestamp`` (e.g. ``type`` for ``by``):
+        O(requests) memory each.
+    spill_dir : path-like, optional
+        Where the spill files go (12 bytes per access; default: the system's
+        temporary directory).
+    progress : callable, optional
+        ``progress(requests_done, requests_total)``.
+
+    Returns
+    -------
+    StreamedTrace
+    """
+    if not is_parquet(path, fmt):
+        raise UsageError("streaming reads Parquet request tables: convert the trace once with kvtrace ingest",
+                         field="format")
+    src = ParquetRequests(path, block_tokens=block_tokens, share_tenants=share_tenants)
+    B = int(src.meta.block_tokens)
+    names = src.tenant_names()
+    ns_max = len(names) - 1 if names else -1
+    info = ChunkInfo()
+    keep = [c for c in dict.fromkeys(columns) if c != "timestamp"]
+    read = list(dict.fromkeys(["request_id", "timestamp", "input_tokens", "block_ids", "tenant", *keep]))
+    spill = Path(tempfile.mkdtemp(prefix="kvtrace-stream-", dir=spill_dir))
+    try:
+        state = None
+        ts_parts, len_parts, last_parts, kept, ids_parts = [], [], [], [], []
+        with open(spill / "blocks", "wb") as out:
+            for row0, df in src.chunks(columns=read, info=info):
+                lengths, hashes, ns, tokens, last_tokens = chunk_accesses(df, B, names)
+                if hashes.shape[0]:
+                    ids, state = densify(hashes, ns, tokens, state, top=src.top_hash, ns_max=ns_max,
+                                         total=src.accesses_hint)
+                    if state.n_blocks > _MAX_BLOCKS:
+                        raise KvtraceError(f"more than {_MAX_BLOCKS:,} distinct blocks: too many for one machine; "
+                                           "use --engine dask", path=str(path))
+                    ids.astype(_ID_DTYPE).tofile(out)
+                    del ids
+                ts_parts.append(df["timestamp"].to_numpy())
+                ids_parts.append(df["request_id"].to_numpy())
+                len_parts.append(lengths)
+                last_parts.append(last_tokens)
+                if keep:
+                    kept.append(df.select(keep))
+                if progress is not None:
+                    progress(row0 + df.height, src.n_rows)
+        if state is None:
+            state = densify(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, np.int32))[1]
+        # free the lookup table before copying the per-block arrays out of the map
+        state.direct = state.slot_hash = state.slot_ns = state.slot_id = None
+        block_hash, block_ns, block_size = (a.copy() for a in state.arrays())
+        del state
+        timestamps = np.concatenate(ts_parts) if ts_parts else np.empty(0)
+        src.check_whole(np.concatenate(ids_parts) if ids_parts else np.empty(0, np.int64), timestamps)
+        del ids_parts
+        lengths = np.concatenate(len_parts) if len_parts else np.empty(0, np.int64)
+        req_start = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=req_start[1:])
+        del lengths, len_parts
+        requests = pl.DataFrame({"timestamp": timestamps})
+        if keep:
+            requests = pl.concat([requests, pl.concat(kept)], how="horizontal")
+        last_tokens = np.concatenate(last_parts) if last_parts else np.empty(0, np.int32)
+        return StreamedTrace(src.meta, requests, req_start, last_tokens, block_hash, block_ns, block_size, spill,
+                             src.warnings(info))
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
+
+
+def spill_bytes(n_accesses: int) -> int:
+    """Disk a streamed curve needs in its spill directory (bytes)."""
+    return int(n_accesses) * (np.dtype(_ID_DTYPE).itemsize + 8)
+
+
+__all__ = ["BinnedPass", "CHUNK_ACCESSES", "IN_MEMORY_BYTES_PER_ACCESS", "MEMORY_BUDGET_ENV", "StreamedTrace",
+           "in_memory_estimate", "is_parquet", "memory_budget", "open_stream", "should_stream", "spill_bytes"]

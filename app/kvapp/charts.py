@@ -1,0 +1,91 @@
+"""Altair charts of the dashboard, drawn from kvtrace result tables (no figures of
+their own). The what-if frontier is :func:`kvtrace.charts.frontier_chart`, the chart
+``kvtrace whatif --plot`` writes."""
+
+from __future__ import annotations
+
+import altair as alt
+import polars as pl
+
+HEIGHT = 300
+
+
+def arrivals(df: pl.DataFrame) -> alt.LayerChart:
+    """Requests per minute of trace time, with the mean."""
+    bars = alt.Chart(df).mark_area(interpolate="step-after", opacity=0.7).encode(
+        x=alt.X("minute:Q", title="minutes from the first arrival"),
+        y=alt.Y("requests:Q", title="requests per minute"),
+        tooltip=["minute", "requests"],
+    )
+    mean = alt.Chart(df).mark_rule(strokeDash=[4, 4], color="gray").encode(y="mean(requests):Q")
+    return alt.layer(bars, mean).properties(width="container", height=HEIGHT, title="Arrivals over time")
+
+
+def log_histogram(df: pl.DataFrame, *, x_title: str, y_title: str, title: str, unit: str) -> alt.Chart:
+    """Bars over ``[bin_lo, bin_hi)`` on a log axis; a ``[0, x)`` first bin is drawn
+    from x/2 (a log axis has no 0) and labelled ``< x``."""
+    d = df.with_columns(
+        pl.when(pl.col("bin_lo") > 0).then(pl.col("bin_lo")).otherwise(pl.col("bin_hi") / 2).alias("x0"),
+        pl.when(pl.col("bin_lo") > 0)
+        .then(pl.format("{} to {} " + unit, pl.col("bin_lo").round_sig_figs(3), pl.col("bin_hi").round_sig_figs(3)))
+        .otherwise(pl.format("< {} " + unit, pl.col("bin_hi"))).alias("range"),
+    )
+    return alt.Chart(d).mark_rect(stroke="white", strokeWidth=0.5).encode(
+        x=alt.X("x0:Q", scale=alt.Scale(type="log"), title=x_title, axis=alt.Axis(tickCount=8)),
+        x2="bin_hi:Q",
+        y=alt.Y("count:Q", title=y_title),
+        y2=alt.datum(0),
+        tooltip=["range:N", "count:Q"],
+    ).properties(width="container", height=HEIGHT, title=title)
+
+
+def curve(lines: pl.DataFrame, knees: pl.DataFrame, ceiling: float | None, marks: dict[str, int],
+          metric_label: str, subtitle: str) -> alt.LayerChart:
+    """Hit-rate lines (one per group) on a log capacity axis, with the ceiling, the
+    knees, the tier capacities and, for a sampled curve, a +-2 standard-error band."""
+    x = alt.X("capacity_gib:Q", scale=alt.Scale(type="log"), title="cache capacity (GiB, log)")
+    y = alt.Y("rate:Q", title=f"hit rate: {metric_label}", scale=alt.Scale(domain=[0, 1]),
+              axis=alt.Axis(format="%"))
+    layers = []
+    band = lines.drop_nulls("se").with_columns((pl.col("rate") - 2 * pl.col("se")).clip(0, 1).alias("lo"),
+                                               (pl.col("rate") + 2 * pl.col("se")).clip(0, 1).alias("hi"))
+    if band.height:
+        layers.append(alt.Chart(band).mark_area(opacity=0.25, interpolate="step-after").encode(
+            x=x, y="lo:Q", y2="hi:Q", color=alt.Color("group:N", title=None)))
+    layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
+        x=x, y=y, color=alt.Color("group:N", title=None),
+        tooltip=["group", alt.Tooltip("capacity_gib:Q", format=",.3g"), alt.Tooltip("rate:Q", format=".2%")]))
+    if ceiling is not None:
+        c = pl.DataFrame({"rate": [ceiling], "label": [f"ceiling (infinite cache): {100 * ceiling:.2f}%"]})
+        layers.append(alt.Chart(c).mark_rule(strokeDash=[4, 4], color="gray").encode(y="rate:Q", tooltip=["label"]))
+    if knees.height:
+        layers.append(alt.Chart(knees).mark_point(shape="diamond", size=70, filled=True, color="black").encode(
+            x="capacity_gib:Q", y="target_rate:Q",
+            tooltip=["label", alt.Tooltip("capacity_gib:Q", format=",.3g"),
+                     alt.Tooltip("target_rate:Q", format=".2%")]))
+    if marks:
+        m = pl.DataFrame({"tier": list(marks), "capacity_gib": [v / 2**30 for v in marks.values()]})
+        layers.append(alt.Chart(m).mark_rule(color="firebrick", strokeWidth=2).encode(
+            x="capacity_gib:Q", tooltip=["tier", alt.Tooltip("capacity_gib:Q", format=",.4g")]))
+        layers.append(alt.Chart(m).mark_text(align="left", dx=4, dy=-6, color="firebrick").encode(
+            x="capacity_gib:Q", y=alt.value(12), text="tier"))
+    return alt.layer(*layers).properties(
+        width="container", height=420, title=alt.TitleParams("KV-cache capacity-hit curve", subtitle=subtitle))
+
+
+def latency(df: pl.DataFrame) -> alt.LayerChart:
+    """Reusable-prefix service-time percentiles per configuration (ms, log axis): one
+    row per configuration, a dot per percentile on a line from p50 to p99.9."""
+    d = df.filter(pl.col("ms") > 0)
+    order = d["config"].unique(maintain_order=True).to_list()
+    y = alt.Y("config:N", sort=order, title=None, axis=alt.Axis(labelLimit=0))
+    x = alt.X("ms:Q", scale=alt.Scale(type="log"), title="reusable-prefix service time per request (ms, log)")
+    span = alt.Chart(d).mark_rule(color="lightgray", strokeWidth=2).encode(y=y, x="min(ms):Q", x2="max(ms):Q")
+    dots = alt.Chart(d).mark_point(filled=True, size=90).encode(
+        y=y, x=x,
+        color=alt.Color("percentile:N", sort=["p50", "p90", "p99", "p99.9"], title="percentile",
+                        scale=alt.Scale(scheme="viridis")),
+        tooltip=["config", "percentile", alt.Tooltip("ms:Q", format=",.1f")],
+    )
+    return alt.layer(span, dots).properties(width="container", height=110 + 40 * len(order),
+                                            title="Latency percentiles")

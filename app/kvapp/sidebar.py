@@ -1,0 +1,174 @@
+"""The sidebar every page draws: trace source, reading options, model, GPU, LRU model.
+
+Widget values live in Session State: ``kv_*`` for the sidebar, ``curve_*``, ``wi_*``,
+``sz_*`` and ``sz.*`` (the sizing config's keys) for the pages. Streamlit forgets the value of a widget that a run does
+not draw, and a page switch is such a run, so every run first writes all of them back
+(``_keep``); the widgets then take their values from Session State (no
+``index``/``value`` arguments, which would conflict). An uploaded file cannot be
+written back like that; its bytes are kept under ``_kv_uploaded`` instead, set by the
+uploader's change callback only, so a page switch keeps it and removing the file
+drops it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from kvtrace import appdata
+from kvtrace.distances import normalise_eviction
+from kvtrace.ingest import FORMATS
+from kvtrace.model import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from kvtrace.trace import Trace
+
+from . import cached
+
+SOURCES = ("bundled sample", "upload", "server path")
+EVICTIONS = ("prefix-aware", "flat")
+
+
+@dataclass
+class Context:
+    """What a page needs: the trace, its cache key and the shared selections."""
+
+    trace: Trace
+    key: str
+    label: str
+    model_name: str
+    gpu_name: str
+    eviction: str
+
+    @property
+    def model(self) -> ModelSpec:
+        return resolve_model(self.model_name)
+
+    @property
+    def gpu(self) -> GpuSpec:
+        return resolve_gpu(self.gpu_name)
+
+
+def _defaults() -> dict:
+    launch_path, launch_opts = appdata.launch_options()
+    samples = list(appdata.sample_traces())
+    return {
+        "kv_source": "server path" if launch_path else "bundled sample",
+        "kv_sample": samples[0] if samples else None,
+        "kv_path": str(launch_path) if launch_path else "",
+        "kv_fmt": launch_opts.fmt,
+        "kv_block_tokens": launch_opts.block_tokens or 0,
+        "kv_share": launch_opts.share_tenants,
+        "kv_model": DEFAULT_MODEL,
+        "kv_gpu": DEFAULT_GPU,
+        "kv_eviction": "prefix-aware",
+    }
+
+
+PERSISTED = ("kv_", "curve_", "wi_", "sz.", "sz_")  # widget keys kept across page switches
+NOT_SETTABLE = {"kv_upload", "sz_upload"}  # file uploaders: Session State cannot set them
+
+
+def _keep() -> None:
+    state = st.session_state
+    for k in list(state.keys()):
+        if k.startswith(PERSISTED) and k not in NOT_SETTABLE:
+            state[k] = state[k]
+    for k, v in _defaults().items():
+        if k not in state:
+            state[k] = v
+
+
+def _remember_upload() -> None:
+    f = st.session_state.get("kv_upload")
+    if f is None:
+        st.session_state.pop("_kv_uploaded", None)
+    else:
+        data = f.getvalue()
+        st.session_state["_kv_uploaded"] = (f.name, data, appdata.bytes_sha256(data))
+
+
+def _options() -> appdata.LoadOptions:
+    s = st.session_state
+    return appdata.LoadOptions(fmt=s["kv_fmt"], block_tokens=int(s["kv_block_tokens"]) or None,
+                               share_tenants=bool(s["kv_share"]))
+
+
+def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
+    s = st.session_state
+    if source == "bundled sample":
+        samples = appdata.sample_traces()
+        if not samples:
+            return appdata.Loaded(None, "", "", f"no sample traces in {appdata.sample_dir()}")
+        path = samples.get(s["kv_sample"]) or next(iter(samples.values()))
+        return _load_path(str(path), options)
+    if source == "upload":
+        if s.get("_kv_uploaded") is None and s.get("kv_upload") is not None:
+            _remember_upload()
+        up = s.get("_kv_uploaded")
+        if up is None:
+            return None
+        name, data, digest = up
+        loaded = cached.trace_from_upload(appdata.trace_key(digest, options), _name=name, _data=data,
+                                          _options=options)
+        return loaded.renamed(name, name)
+    text = s["kv_path"].strip()
+    if not text:
+        return None
+    return _load_path(text, options)
+
+
+def _load_path(text: str, options: appdata.LoadOptions) -> appdata.Loaded:
+    p = Path(text).expanduser()
+    if not p.is_file():
+        return appdata.load_file(p, options)  # the one-line "no such file" / "is a directory"
+    try:
+        path, size, mtime = appdata.file_signature(p)
+        digest = cached.file_digest(path, size, mtime)
+    except OSError as exc:
+        return appdata.Loaded(None, "", p.name, appdata.error_line(exc, text))
+    loaded = cached.trace_from_file(appdata.trace_key(digest, options), _path=path, _options=options)
+    return loaded.renamed(p.name, path)  # cached per content: it may have been read under another name
+
+
+def trace_context() -> Context:
+    """Draw the sidebar and return the selected trace; stops the page (after a
+    one-line error or a prompt) when there is no readable trace."""
+    _keep()
+    sb = st.sidebar
+    sb.radio("Trace source", SOURCES, key="kv_source", horizontal=True)
+    source = st.session_state["kv_source"]
+    if source == "bundled sample":
+        sb.selectbox("Sample trace", list(appdata.sample_traces()), key="kv_sample",
+                     help=f"Synthetic traces bundled in {appdata.sample_dir()} (made by kvtrace synth).")
+    elif source == "upload":
+        sb.file_uploader("Trace file (JSONL, Parquet or CSV)", type=list(appdata.UPLOAD_TYPES), key="kv_upload",
+                         on_change=_remember_upload,
+                         help="Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, or a generic table.")
+    else:
+        sb.text_input("Trace path on the server", key="kv_path", placeholder="/data/traces/conversation.jsonl")
+    with sb.expander("Reading options"):
+        st.selectbox("Format", FORMATS, key="kv_fmt")
+        st.number_input("Tokens per block (0 = the format's)", min_value=0, step=16, key="kv_block_tokens")
+        st.checkbox("Share blocks across tenants", key="kv_share")
+    sb.divider()
+    sb.selectbox("Model", list(MODELS), key="kv_model", help="Sets KV bytes per token and prefill FLOPs.")
+    sb.selectbox("GPU", list(GPUS), key="kv_gpu", help="Prices the prefill compute a hit avoids.")
+    sb.radio("LRU model", EVICTIONS, key="kv_eviction", horizontal=True,
+             help="prefix-aware: request-atomic, radix-tree-like (default); flat: a plain block LRU.")
+
+    loaded = _load(source, _options())
+    if loaded is None:
+        st.info("Choose a trace in the sidebar: upload a file or give a path on the server.")
+        st.stop()
+    if loaded.error:
+        st.error(loaded.error, icon=":material/error:")
+        st.stop()
+    model = resolve_model(st.session_state["kv_model"])
+    t = loaded.trace
+    sb.caption(f"**{loaded.label}**: {t.n_requests:,} requests, {t.n_accesses:,} block accesses, "
+               f"{t.meta.block_tokens} tokens/block · {model.name} {model.kv_bytes_per_token:,} B/token · "
+               f"key {loaded.key.split(':')[1][:12]}")
+    return Context(trace=t, key=loaded.key, label=loaded.label, model_name=model.name,
+                   gpu_name=st.session_state["kv_gpu"], eviction=normalise_eviction(st.session_state["kv_eviction"]))
+

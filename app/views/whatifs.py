@@ -1,0 +1,132 @@
+"""What-ifs: DRAM over local SSD / shared flash, admission policies, promotion, nodes
+(``kvtrace whatif``): comparison table, gain-vs-wear frontier, latency percentiles."""
+
+import json
+
+import polars as pl
+import streamlit as st
+from kvapp import cached, charts, sidebar
+from kvapp.fmt import bandwidth, dollars, format_bytes, ms, num, pct
+
+from kvtrace import appdata
+from kvtrace.charts import frontier_chart
+from kvtrace.errors import KvtraceError
+from kvtrace.outputs import _json_safe
+from kvtrace.whatif import FLASH_ORDERS, PROMOTIONS, ROUTINGS, WRITE_MODES, TierConfig, summary_table
+
+MAX_CONFIGS = 48
+
+ctx = sidebar.trace_context()
+state = st.session_state
+for k, v in {"wi_dram": "16GiB", "wi_flash": "256GiB", "wi_local": "0", "wi_policies": ["all", "second-hit", "tinylfu"],
+             "wi_promotion": "promote", "wi_write_mode": "write-on-evict", "wi_order": "lru", "wi_inclusive": False,
+             "wi_nodes": 1, "wi_routing": "session", "wi_warmup": "", "wi_dram_gbps": 25.0, "wi_dram_ms": 0.2,
+             "wi_flash_gbps": 6.0, "wi_flash_ms": 1.0, "wi_overhead_ms": 1.0}.items():
+    state.setdefault(k, v)
+
+st.title("Tier what-ifs")
+st.caption(f"{ctx.label}: exact event simulation of DRAM over local SSD / shared flash under the same LRU model as "
+           "the curve (`kvtrace whatif`). Shares are unconditional (of all usable-prefix tokens).")
+
+with st.form("whatif_form"):
+    c1, c2, c3 = st.columns(3)
+    c1.text_input("DRAM per node", key="wi_dram", help="One size or a comma list: every DRAM x flash pair is run.")
+    c1.text_input("Shared flash", key="wi_flash", help="Comma list allowed; 0 = no flash.")
+    c1.text_input("Local SSD per node", key="wi_local", help="0 = none.")
+    c2.multiselect("Admission policies", appdata.WHATIF_POLICIES, key="wi_policies",
+                   help="What enters flash; value>=v uses future-reuse values over a 1 h horizon.")
+    c2.selectbox("Promotion on a flash hit", list(PROMOTIONS), key="wi_promotion")
+    c2.selectbox("Write mode", WRITE_MODES, key="wi_write_mode")
+    c3.number_input("Nodes", min_value=1, max_value=64, step=1, key="wi_nodes")
+    c3.selectbox("Routing", ROUTINGS, key="wi_routing")
+    c3.selectbox("Flash order", FLASH_ORDERS, key="wi_order")
+    c3.checkbox("Inclusive tiers (needed by copy / write-through)", key="wi_inclusive")
+    with st.expander("Response model and warm-up"):
+        r1, r2, r3 = st.columns(3)
+        r1.number_input("DRAM restore GB/s", min_value=0.1, key="wi_dram_gbps")
+        r1.number_input("DRAM latency ms", min_value=0.0, key="wi_dram_ms")
+        r2.number_input("Flash restore GB/s", min_value=0.1, key="wi_flash_gbps")
+        r2.number_input("Flash latency ms", min_value=0.0, key="wi_flash_ms")
+        r3.number_input("Flash-tier overhead per request, ms", min_value=0.0, key="wi_overhead_ms")
+        r3.text_input("Warm-up (fraction or duration)", key="wi_warmup", placeholder="0.1 or 10min")
+    st.form_submit_button("Run what-ifs", type="primary")
+
+
+def _configs() -> list[TierConfig]:
+    drams = [d.strip() for d in state["wi_dram"].split(",") if d.strip()]
+    flashes = [f.strip() for f in state["wi_flash"].split(",") if f.strip()] or ["0"]
+    policies = state["wi_policies"] or ["all"]
+    if not drams:
+        raise KvtraceError("give at least one DRAM size", field="DRAM per node")
+    common = dict(local_ssd_bytes=state["wi_local"].strip() or "0", nodes=int(state["wi_nodes"]),
+                  routing=state["wi_routing"], flash_order=state["wi_order"], promotion=state["wi_promotion"],
+                  write_mode=state["wi_write_mode"], inclusive=bool(state["wi_inclusive"]))
+    out, seen = [], set()
+    for d in drams:
+        for f in flashes:
+            for p in policies:
+                c = TierConfig(d, flash_bytes=f, policy=p, **common)
+                if c.label not in seen:  # without flash the policy does not matter
+                    seen.add(c.label)
+                    out.append(c)
+    if len(out) > MAX_CONFIGS:
+        raise KvtraceError(f"{len(out)} configurations: at most {MAX_CONFIGS} per run (fewer sizes or policies)")
+    return out
+
+
+try:
+    configs = _configs()
+except KvtraceError as exc:
+    st.error(exc.one_line())
+    st.stop()
+
+gpu = ctx.gpu
+response = {"dram_fixed_s": state["wi_dram_ms"] / 1e3, "dram_bytes_per_s": state["wi_dram_gbps"] * 1e9,
+            "flash_fixed_s": state["wi_flash_ms"] / 1e3, "flash_bytes_per_s": state["wi_flash_gbps"] * 1e9,
+            "overhead_s": state["wi_overhead_ms"] / 1e3, "recompute_flops_per_s": gpu.effective_flops}
+warmup = state["wi_warmup"].strip() or None
+values = None
+if any(c.parsed_policy.kind == "value" for c in configs):
+    values = cached.future_values(ctx.key, ctx.model_name, ctx.gpu_name, "1h", _trace=ctx.trace)
+
+bar = st.progress(0.0, text=f"Simulating {len(configs)} configuration(s)…")
+rows = []
+try:
+    for i, c in enumerate(configs):
+        bar.progress(i / len(configs), text=f"Simulating {c.label} ({i + 1} of {len(configs)})")
+        rows.append(cached.whatif(ctx.key, cached.config_dict(c), ctx.model_name, ctx.gpu_name, ctx.eviction,
+                                  response, warmup, _trace=ctx.trace, _values=values))
+except KvtraceError as exc:
+    bar.empty()
+    st.error(exc.one_line())
+    st.stop()
+bar.empty()
+table = summary_table(rows)
+
+st.subheader("Comparison")
+rows_shown = []
+for r in table.iter_rows(named=True):  # the columns of `kvtrace whatif`'s table
+    dwpd = r["flash_dwpd"] if r["flash_dwpd"] is not None else r["local_dwpd"]
+    writes = r["flash_write_bytes_per_day"]
+    rows_shown.append({
+        "config": r["config"], "DRAM": pct(r["h_dram_token"]),
+        "flash": pct((r["h_flash_token"] or 0.0) + (r["h_local_token"] or 0.0)), "miss": pct(r["miss_token"]),
+        "compute saved": pct(r["hit_rate_compute"]), "$ saved /h": dollars(r["dollars_saved_per_hour"]),
+        "flash writes/day": "-" if writes is None else format_bytes(writes),
+        "DWPD": "-" if dwpd is None else f"{dwpd:.2f}",
+        "flash read mean": bandwidth(r["flash_read_bytes_per_s_mean"]),
+        "peak": bandwidth(r["flash_read_bytes_per_s_peak"]), "promotions": num(r["promotions"] or 0),
+        "p50": ms(r["service_time_p50_s"]), "p99": ms(r["service_time_p99_s"]),
+    })
+display = pl.DataFrame(rows_shown)
+st.dataframe(display, hide_index=True, key="comparison")
+d1, d2, _ = st.columns([1, 1, 3])
+d1.download_button("Download table (CSV)", table.write_csv(), file_name="whatif.csv", mime="text/csv")
+d2.download_button("Download table (JSON)", json.dumps(_json_safe({"configs": table.to_dicts()}), indent=2),
+                   file_name="whatif.json", mime="application/json")
+
+st.altair_chart(frontier_chart(table).properties(width="container").configure_legend(labelLimit=0))
+st.altair_chart(charts.latency(appdata.latency_table(table)))
+st.caption("Frontier: share of prompt tokens served from flash against flash bytes written per day (wear). "
+           "Latency: per-request reusable-prefix service time from the response model (restore or recompute, "
+           "byte-dependent), percentiles of the per-request distribution.")
