@@ -92,8 +92,11 @@ def stop(proc: subprocess.Popen, sig: int, out: Path, when: str) -> str:
     """Signal ``proc`` after a delay (``after-1.5s``) or at the n-th output write
     (``write-n``); return what it was doing."""
     if when.startswith("after-"):
+        stamps = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
         time.sleep(float(when[6:-1]))
-        doing = "computing"
+        # on a fast machine the run may already be writing: say which it is
+        untouched = {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+        doing = "computing" if untouched and temp_fds(proc.pid, out) == 0 else "writing"
     else:
         wanted, seen, held = int(when[6:]), 0, False
         while proc.poll() is None:
