@@ -556,10 +556,12 @@ def test_curve_sample_rate_is_labelled_approximate(tmp_path):
     (["--distances-out", "d.xlsx"], 2, ["d.xlsx", "unsupported output file"]),
     (["--plot", "x.gif"], 2, ["plot", ".gif"]),
     (["--sample-rate", "1.5"], 2, ["sample-rate"]),
+    (["--sample-rate", "5e-8"], 2, ["sample-rate", "2**-24"]),
+    (["--capacity", "8192PiB"], 2, ["capacity", "2**63"]),
     (["--sample-rate", "0.5", "--distances-out", "d.parquet"], 2, ["distances-out"]),
     (["--model", "NoSuchModel-9B"], 2, ["model", "NoSuchModel-9B"]),
 ], ids=["capacity-unit", "capacity-zero", "out-suffix", "distances-suffix", "plot-suffix", "sample-rate",
-        "sampled-distances", "model"])
+        "sample-rate-tiny", "capacity-huge", "sampled-distances", "model"])
 def test_curve_bad_options_fail_before_reading_the_trace(tmp_path, args, code, needles):
     missing = tmp_path / "not-read.jsonl"  # the option is rejected before the trace is opened
     one_line_error(run("curve", missing, *args, columns=80), code, *needles)

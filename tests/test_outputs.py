@@ -324,7 +324,8 @@ def test_parse_size(text, value):
 
 
 @pytest.mark.parametrize("text", ["", "  ", "GiB", "12XB", "-1GiB", "0", "0GB", "1,5GiB", "1e400", "inf", "nan",
-                                  "64 GiB extra", "1.2.3", "0x10"])
+                                  "64 GiB extra", "1.2.3", "0x10",
+                                  "8192PiB", "999999999999999999999999999999PiB"])  # >= 2**63 bytes
 def test_parse_size_rejects(text):
     with pytest.raises(UsageError) as info:
         parse_size(text, field="dram")

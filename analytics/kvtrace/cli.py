@@ -511,8 +511,9 @@ def curve(
     if plot is not None and plot.suffix.lower() not in (".html", ".png", ".svg"):
         found = f"suffix '{plot.suffix}'" if plot.suffix else "no suffix"
         raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", field="plot")
-    if sample_rate is not None and not 0 < sample_rate <= 1:
-        raise UsageError(f"expected a rate in (0, 1], got {sample_rate}", field="sample-rate")
+    if sample_rate is not None and not 2.0**-24 <= sample_rate <= 1:
+        raise UsageError(f"expected a rate in [2**-24, 1] (the sampling hash resolves 2**-24), got {sample_rate}",
+                         field="sample-rate")
     if sample_rate is not None and distances_out is not None and sample_rate < 1:
         raise UsageError("--distances-out needs exact distances: drop --sample-rate", field="distances-out")
     m = _model(model, kv_bytes_per_token, dtype)

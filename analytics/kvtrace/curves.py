@@ -123,6 +123,10 @@ def parse_warmup(text: str | float | None) -> tuple[str, float] | None:
         return ("seconds", parse_duration(s, field="warmup"))
 
 
+#: Smallest sample rate: blocks are kept by a 24-bit hash threshold (kernels.shards).
+MIN_SAMPLE_RATE = 2.0**-24
+
+
 def warmup_first_request(trace: Trace, warmup: tuple[str, float] | None) -> int:
     """Index of the first measured request (earlier ones only warm the cache)."""
     if warmup is None:
@@ -409,8 +413,9 @@ def compute_curve(
     if first_req >= trace.n_requests and trace.n_requests:
         raise UsageError("the warm-up covers the whole trace: nothing left to measure", field="warmup")
     rate = 1.0 if sample_rate is None else float(sample_rate)
-    if not 0 < rate <= 1:
-        raise UsageError(f"a sample rate must be in (0, 1], got {sample_rate}", field="sample-rate")
+    if not MIN_SAMPLE_RATE <= rate <= 1:
+        raise UsageError(f"a sample rate must be in [2**-24, 1] (the sampling hash resolves 2**-24), got "
+                         f"{sample_rate}", field="sample-rate")
 
     base_grid = default_grid(total_tokens, B, points)
     user_tokens = None if not capacities else np.array([int(c) // bpt for c in capacities], dtype=np.int64)

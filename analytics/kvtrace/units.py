@@ -37,6 +37,8 @@ def parse_size(text: str, *, field: str = "capacity") -> int:
     exact = int(Fraction(m.group(1)) * scale)  # exact: the float 8.2 * 10**9 floors to 8199999999
     if exact < 1:
         raise UsageError(f"expected at least one byte, got '{text}'", field=field)
+    if exact >= 2**63:  # sizes are int64 bytes everywhere downstream
+        raise UsageError(f"expected a size below 8 EiB (2**63 bytes), got '{text}'", field=field)
     return exact
 
 

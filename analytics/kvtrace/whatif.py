@@ -258,8 +258,8 @@ def _bytes(value, field_name: str) -> int:
         if value.strip() in ("0", ""):
             return 0
         return parse_size(value, field=field_name)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-        raise UsageError(f"expected a non-negative number of bytes, got {value!r}", field=field_name)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < 2**63:
+        raise UsageError(f"expected a number of bytes in [0, 2**63), got {value!r}", field=field_name)
     return int(value)
 
 
