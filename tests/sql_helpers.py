@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 import naive
 from kvtrace import synth
+from kvtrace.ingest import load_trace
 from kvtrace.trace import Trace
 
 SHARED_TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -97,3 +99,21 @@ def approx_rows(actual, expected, rel: float = 1e-9) -> None:
                 assert math.isclose(float(x), y, rel_tol=rel, abs_tol=1e-15), (i, j, x, y, ra, re_)
             else:
                 assert x == y, (i, j, x, y, ra, re_)
+
+
+# Module-scoped fixtures shared by test_export.py and test_sql.py (imported there by name).
+@pytest.fixture(scope="module")
+def fixture_path(tmp_path_factory) -> Path:
+    """The fixture trace on disk (canonical Parquet)."""
+    return write_fixture(tmp_path_factory.mktemp("trace") / "mixed.parquet")
+
+
+@pytest.fixture(scope="module")
+def trace(fixture_path):
+    return load_trace(fixture_path)
+
+
+@pytest.fixture(scope="module")
+def ex(trace):
+    """The expected values, computed independently of kvtrace's SQL."""
+    return expect(trace)

@@ -21,7 +21,9 @@ import polars as pl
 import pytest
 
 import naive
-from sql_helpers import GiB, MOONCAKE, TiB, expect, percentile, write_fixture
+from sql_helpers import (  # noqa: F401 (ex, fixture_path, trace: shared fixtures)
+    GiB, MOONCAKE, TiB, ex, expect, fixture_path, percentile, trace,
+)
 
 from kvtrace.curves import KNEE_FRACTIONS, RATE_COLUMNS, compute_curve
 from kvtrace.errors import KvtraceError
@@ -43,20 +45,6 @@ METRICS = {  # macro metric -> curve column
     "byte": "byte_hit_rate", "compute": "compute_saved_rate",
 }
 
-
-@pytest.fixture(scope="module")
-def fixture_path(tmp_path_factory) -> Path:
-    return write_fixture(tmp_path_factory.mktemp("trace") / "mixed.parquet")
-
-
-@pytest.fixture(scope="module")
-def trace(fixture_path):
-    return load_trace(fixture_path)
-
-
-@pytest.fixture(scope="module")
-def ex(trace):
-    return expect(trace)
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,13 @@ import pytest
 from typer.testing import CliRunner
 
 import naive
-from sql_helpers import GiB, TiB, approx_rows, expect, percentile, write_fixture
+from sql_helpers import (  # noqa: F401 (ex, fixture_path, trace: shared fixtures)
+    GiB, TiB, approx_rows, ex, fixture_path, percentile, trace,
+)
 
 from kvtrace.cli import app
 from kvtrace.curves import compute_curve
 from kvtrace.export import example_files, sql_dir
-from kvtrace.ingest import load_trace
 from kvtrace.model import resolve_gpu, resolve_model
 from kvtrace.sqlshell import open_database, repl, run_script
 from kvtrace.value import value_report
@@ -58,20 +59,6 @@ def one_line_error(res, code: int, *needles: str) -> str:
         assert needle in lines[0], (needle, lines[0])
     return lines[0]
 
-
-@pytest.fixture(scope="module")
-def fixture_path(tmp_path_factory) -> Path:
-    return write_fixture(tmp_path_factory.mktemp("trace") / "mixed.parquet")
-
-
-@pytest.fixture(scope="module")
-def trace(fixture_path):
-    return load_trace(fixture_path)
-
-
-@pytest.fixture(scope="module")
-def ex(trace):
-    return expect(trace)
 
 
 @pytest.fixture(scope="module")
