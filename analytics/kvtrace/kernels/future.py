@@ -20,7 +20,20 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
+from ..config import NJIT, NJIT_INLINE
+
+
+@njit(**NJIT_INLINE)
+def _close_window(s, p, count, cum_tokens, cum_q, ts, reuses, reuse_tokens, reuse_q, last_t, last_gap):
+    """Close access s's window at p, the block's last access inside it: until now
+    ``reuses[s]`` etc. held the block's running count and sums through s, and ``count``
+    etc. are the block's running values through p, so the differences are the reuses."""
+    reuses[s] = count - 1 - reuses[s]
+    reuse_tokens[s] = cum_tokens - reuse_tokens[s]
+    reuse_q[s] = cum_q - reuse_q[s]
+    if reuses[s] > 0:
+        last_t[s] = p
+        last_gap[s] = ts[p] - ts[s]
 
 
 @njit(**NJIT)
@@ -98,12 +111,8 @@ def future_windows(block, ts, tokens, pos_token_sum, n_blocks, horizon):
             s = u
         # u lies beyond the horizon of s: s's window ends at p, the access before u
         while s != u and ts[u] - ts[s] > horizon:
-            reuses[s] = count[b] - 1 - reuses[s]
-            reuse_tokens[s] = cum_tokens[b] - reuse_tokens[s]
-            reuse_q[s] = cum_q[b] - reuse_q[s]
-            if reuses[s] > 0:
-                last_t[s] = p
-                last_gap[s] = ts[p] - ts[s]
+            _close_window(s, p, count[b], cum_tokens[b], cum_q[b], ts, reuses, reuse_tokens, reuse_q, last_t,
+                          last_gap)
             s = next_t[s]
         oldest_open[b] = s
         # running count and sums through u (rank of u = count before it)
@@ -120,12 +129,8 @@ def future_windows(block, ts, tokens, pos_token_sum, n_blocks, horizon):
         s = oldest_open[b]
         p = latest[b]
         while s >= 0:
-            reuses[s] = count[b] - 1 - reuses[s]
-            reuse_tokens[s] = cum_tokens[b] - reuse_tokens[s]
-            reuse_q[s] = cum_q[b] - reuse_q[s]
-            if reuses[s] > 0:
-                last_t[s] = p
-                last_gap[s] = ts[p] - ts[s]
+            _close_window(s, p, count[b], cum_tokens[b], cum_q[b], ts, reuses, reuse_tokens, reuse_q, last_t,
+                          last_gap)
             s = next_t[s]
     return next_t, next_gap, reuses, last_t, last_gap, reuse_tokens, reuse_q
 

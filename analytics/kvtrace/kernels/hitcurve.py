@@ -19,6 +19,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT
+from .bits import bit_length
 
 N_WEIGHTS = 4
 COLD = np.iinfo(np.int64).max
@@ -50,27 +51,10 @@ _N_BUCKETS = (1 << _SUB_BITS) * (64 - _SUB_BITS + 1)
 @njit(**NJIT)
 def _bucket(key):
     """Bucket of a key >= 0: the key itself below 256, else 256 x (octave - 7) + the
-    8 bits after the leading one (branch-free bit length)."""
+    8 bits after the leading one."""
     if key < (1 << _SUB_BITS):
         return key
-    x = key
-    e = np.int64(0)  # bit length - 1
-    k = np.int64(x >= (1 << 32)) << 5
-    x >>= k
-    e += k
-    k = np.int64(x >= (1 << 16)) << 4
-    x >>= k
-    e += k
-    k = np.int64(x >= (1 << 8)) << 3
-    x >>= k
-    e += k
-    k = np.int64(x >= (1 << 4)) << 2
-    x >>= k
-    e += k
-    k = np.int64(x >= (1 << 2)) << 1
-    x >>= k
-    e += k
-    e += np.int64(x >= 2)
+    e = bit_length(key) - 1
     return ((e - _SUB_BITS + 1) << _SUB_BITS) + ((key >> (e - _SUB_BITS)) & ((1 << _SUB_BITS) - 1))
 
 

@@ -111,6 +111,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
+from .bits import bit_length
 from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
@@ -260,25 +261,10 @@ def _sketch_add(sketch, sk_ops, b):
 def _bin(dq, shift):
     """Residency bin of a time difference of ``dq`` quanta of ``2**(HIST_MIN_EXP +
     shift)`` seconds: 0 if dq < 1, else its bit length + shift (the octave of the
-    difference in seconds), the last bin open. Branch-free bit length of dq < 2**32
-    (no memory traffic: a store here would make the compiler reload the tier state)."""
+    difference in seconds), the last bin open."""
     if dq < 1:
         return 0
-    x = np.int64(dq)
-    n = np.int64(1) + shift
-    k = np.int64(x >= 65536) << 4
-    x >>= k
-    n += k
-    k = np.int64(x >= 256) << 3
-    x >>= k
-    n += k
-    k = np.int64(x >= 16) << 2
-    x >>= k
-    n += k
-    k = np.int64(x >= 4) << 1
-    x >>= k
-    n += k
-    n += np.int64(x >= 2)
+    n = bit_length(dq) + shift
     return n if n < _HIST_LAST else _HIST_LAST
 
 
