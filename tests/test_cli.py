@@ -23,6 +23,7 @@ import typer
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
+from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.curves import KNEE_FRACTIONS, KNEE_METRICS, compute_curve
 from kvtrace.ingest import load_trace, read_metadata
@@ -53,22 +54,6 @@ def ok(res) -> str:
 def flat(text: str) -> str:
     """Terminal text with table rules dropped and runs of white space made one space."""
     return " ".join(re.sub(r"[│┃║]", " ", text).split())
-
-
-def one_line_error(res, code: int, *needles: str) -> str:
-    """The command failed cleanly: exit ``code``, one ``kvtrace: error:`` line, no traceback.
-
-    Run with an 80-column terminal (``columns=80``) so that a wrapped message shows.
-    """
-    assert res.exit_code == code, (res.exit_code, res.stdout, res.stderr, res.exception)
-    assert isinstance(res.exception, SystemExit), res.exception  # handled, not propagated
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("kvtrace: error: "), lines[0]
-    assert "Traceback" not in res.stderr + res.stdout
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
 
 
 def write_jsonl(path: Path, records) -> Path:

@@ -13,6 +13,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
+from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
 from kvtrace.estimate import bandwidth, cost_benefit, gpu_hours_freed, latency, monthly_cost, parse_rate
@@ -27,16 +28,6 @@ def run(*args):
 
 def flat(text: str) -> str:
     return " ".join(re.sub(r"[│┃║]", " ", text).split())
-
-
-def one_line_error(res, code: int, *needles: str) -> str:
-    assert res.exit_code == code, (res.exit_code, res.stdout, res.stderr)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), res.stderr
-    assert "Traceback" not in res.stderr + res.stdout
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 # ----------------------------------------------------------------------------- §4 latency

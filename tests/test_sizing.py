@@ -24,6 +24,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
+from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.errors import KvtraceError
 from kvtrace.ingest import load_trace
@@ -46,16 +47,6 @@ RUNNER = CliRunner()
 
 def run(*args):
     return RUNNER.invoke(app, [str(a) for a in args], env={"COLUMNS": "250"})
-
-
-def one_line_error(res, code: int, *needles: str) -> str:
-    assert res.exit_code == code, (res.exit_code, res.stdout, res.stderr, res.exception)
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("kvtrace: error: "), res.stderr
-    assert "Traceback" not in res.stderr + res.stdout
-    for n in needles:
-        assert n in lines[0], (n, lines[0])
-    return lines[0]
 
 
 def mooncake(i: int, hashes: list[int], n_in: int | None = None) -> str:

@@ -26,6 +26,7 @@ from sql_helpers import (  # noqa: F401 (ex, fixture_path, trace: shared fixture
     GiB, TiB, approx_rows, ex, fixture_path, percentile, trace,
 )
 
+from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.curves import compute_curve
 from kvtrace.export import example_files, sql_dir
@@ -46,19 +47,6 @@ def run(*args, columns: int = 250, **kwargs):
 def ok(res) -> str:
     assert res.exit_code == 0, (res.exit_code, res.stdout, res.stderr, res.exception)
     return res.stdout
-
-
-def one_line_error(res, code: int, *needles: str) -> str:
-    assert res.exit_code == code, (res.exit_code, res.stdout, res.stderr, res.exception)
-    assert isinstance(res.exception, SystemExit), res.exception
-    lines = res.stderr.splitlines()
-    assert len(lines) == 1, res.stderr
-    assert lines[0].startswith("kvtrace: error: "), lines[0]
-    assert "Traceback" not in res.stderr + res.stdout
-    for needle in needles:
-        assert needle in lines[0], (needle, lines[0])
-    return lines[0]
-
 
 
 @pytest.fixture(scope="module")
