@@ -568,3 +568,17 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
         "value_per_byte_quantiles": quantiles if n else {k: None for k in ("p10", "p25", "p50", "p75", "p90", "p99")},
     }
     return {"access": access, "block": blocks, "prefix": prefix, "summary": summary}
+
+
+def visit_blocks(block, request, pos, n_blocks):
+    """Per-block visits of a whole trace: (prev_request[N], count[M], first_request[M],
+    first_pos[M], last_request[M]); -1 where a block has no such access."""
+    prev, count = [], [0] * n_blocks
+    first_request, first_pos, last_request = [-1] * n_blocks, [-1] * n_blocks, [-1] * n_blocks
+    for b, r, p in zip(_as_ints(block), _as_ints(request), _as_ints(pos)):
+        prev.append(last_request[b])
+        if count[b] == 0:
+            first_request[b], first_pos[b] = r, p
+        count[b] += 1
+        last_request[b] = r
+    return prev, count, first_request, first_pos, last_request

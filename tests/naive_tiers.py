@@ -111,7 +111,7 @@ class Tier:
         return next(iter(self.blocks))
 
 
-def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
+def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy="all", param=0.0, flash_lru=True, promotion="promote",
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
                    oracle_ok=None, sketch_width=16):
@@ -130,7 +130,7 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     block = [int(x) for x in block]
     size = [int(x) for x in size]
     starts = [int(x) for x in req_start]
-    request = [int(x) for x in request]
+    request = [r for r in range(len(starts) - 1) for _ in range(starts[r], starts[r + 1])]
     tokens = [int(x) for x in tokens]
     pos = [int(x) for x in pos]
     ts = [float(x) for x in req_ts]

@@ -95,7 +95,7 @@ def sim_inputs(draw, max_nodes: int = 3):
                 .reshape(n) if policy == "value" or draw(st.booleans()) else None),
         sketch_width=draw(st.sampled_from([2, 4, 16])),
     )
-    args = (block, size, req_start, request_of(req_start), tokens, positions(req_start), ts,
+    args = (block, size, req_start, tokens, positions(req_start), ts,
             np.array(draw(st.lists(st.integers(0, nodes - 1), min_size=R, max_size=R)), dtype=np.int64).reshape(R))
     return args, kw, policy, draw(st.sampled_from(twin.PROMOTIONS))
 
@@ -138,7 +138,7 @@ def test_hand_computed_replay():
     # DRAM, and 0 is pinned while 2 is inserted, so the victim is 1. Final: DRAM {2, 0},
     # flash {1, 3} = one LRU of 4 (stack 2 0 1 3).
     tr = make_trace([[0, 1], [2, 3], [0, 1], [2, 0]], [1, 1, 1, 1])
-    args = (tr.block, tr.size, tr.req_start, request_of(tr.req_start), np.ones(8, np.int32), positions(tr.req_start),
+    args = (tr.block, tr.size, tr.req_start, np.ones(8, np.int32), positions(tr.req_start),
             np.array([0.0, 1.0, 2.0, 4.0]), np.zeros(4, np.int64))
     kw = dict(block_tokens=1, prefix_aware=True, dram=2, local=0, flash=2, n_nodes=1)
     got = K.simulate_tiers(*args, **kw)
@@ -165,7 +165,7 @@ def test_write_through_copy_and_fifo_by_hand():
     # inclusive, copy, write-through, FIFO flash of 2, DRAM of 1 (sizes 1, flat model):
     # every miss is written at once; a flash hit is copied into DRAM and stays in flash.
     tr = make_trace([[0], [1], [0], [2], [0]], [1, 1, 1])
-    args = (tr.block, tr.size, tr.req_start, request_of(tr.req_start), np.ones(5, np.int32), positions(tr.req_start),
+    args = (tr.block, tr.size, tr.req_start, np.ones(5, np.int32), positions(tr.req_start),
             np.arange(5.0), np.zeros(5, np.int64))
     kw = dict(block_tokens=1, prefix_aware=False, dram=1, local=0, flash=2, n_nodes=1, promotion=K.COPY,
               write_through=True, flash_lru=False)
@@ -180,7 +180,7 @@ def test_write_through_copy_and_fifo_by_hand():
 
 def test_block_larger_than_dram_passes_through_to_flash():
     tr = make_trace([[0], [1], [0]], [5, 1])
-    args = (tr.block, tr.size, tr.req_start, request_of(tr.req_start), np.array([5, 1, 5], np.int32),
+    args = (tr.block, tr.size, tr.req_start, np.array([5, 1, 5], np.int32),
             positions(tr.req_start), np.arange(3.0), np.zeros(3, np.int64))
     got = K.simulate_tiers(*args, block_tokens=5, prefix_aware=True, dram=2, local=0, flash=8, n_nodes=1)
     # never in DRAM: written to flash on its way through, then read in place (not promoted)
@@ -211,10 +211,45 @@ def test_kernel_matches_twin_each_policy_with_local_ssd_and_flash(case, policy):
     assert_runs_equal(got, want)
 
 
+@SETTINGS
+@given(sim_inputs(), st.sampled_from(twin.POLICIES), st.data())
+def test_feeding_in_chunks_equals_one_call(case, policy, data):
+    """Requests fed in chunks (a streamed trace) give the whole-trace run bit for bit,
+    whatever the split points: the admission inputs of an earlier chunk's access are
+    kept per block, and a repeat inside a request is found by its request."""
+    args, kw, _, promotion = case
+    block, size, req_start, tokens, pos, ts, node = args
+    if policy == "value" and kw["values"] is None:
+        kw = {**kw, "values": np.linspace(-1.0, 2.0, len(block))}
+    if policy == "oracle":
+        all_ = K.simulate_tiers(*args, **kw, policy=K.P_ALL, promotion=PROMOTION_CODES[promotion])
+        kw = {**kw, "oracle_ok": K.reuse_oracle_flags(block, len(size), all_.decision)}
+    whole = K.simulate_tiers(*args, **kw, policy=POLICY_CODES[policy], promotion=PROMOTION_CODES[promotion])
+    R = len(req_start) - 1
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, R), max_size=4))) | {0, R})
+    values, oracle = kw.pop("values"), kw.pop("oracle_ok", None)
+    sim = K.TierSimulator(size, ts, node, **kw, policy=POLICY_CODES[policy], promotion=PROMOTION_CODES[promotion],
+                          has_values=values is not None)
+    parts = []
+    for r, r_end in zip(cuts[:-1], cuts[1:]):
+        lo, hi = int(req_start[r]), int(req_start[r_end])
+        parts.append(sim.feed(block[lo:hi], tokens[lo:hi], pos[lo:hi], req_start[r:r_end + 1] - lo,
+                              None if values is None else values[lo:hi], None if oracle is None else oracle[lo:hi]))
+    decision = np.concatenate(parts) if parts else np.zeros(0, np.int8)
+    got = sim.finish((decision & 3).astype(np.int8), (decision & K.COLD_FLAG) != 0)
+    for name in ("decision", "cold", "req_first", "req_level", "req_out", "hist"):
+        npt.assert_array_equal(getattr(got, name), getattr(whole, name), err_msg=name)
+    assert got.counts == whole.counts
+    assert got.sums == whole.sums  # bit for bit
+    nonempty = req_start[1:] > req_start[:-1]
+    npt.assert_array_equal(whole.req_first[nonempty], whole.decision[req_start[:-1][nonempty]])
+    assert (whole.req_first[~nonempty] == K.MISS).all()
+
+
 def test_twin_checks_are_sensitive():
     # the comparison must notice a one-access difference
     tr = make_trace([[0, 1], [0, 1]], [1, 1])
-    args = (tr.block, tr.size, tr.req_start, request_of(tr.req_start), np.ones(4, np.int32), positions(tr.req_start),
+    args = (tr.block, tr.size, tr.req_start, np.ones(4, np.int32), positions(tr.req_start),
             np.arange(2.0), np.zeros(2, np.int64))
     kw = dict(block_tokens=1, prefix_aware=True, dram=2, local=0, flash=0, n_nodes=1)
     got = K.simulate_tiers(*args, **kw)
@@ -229,7 +264,7 @@ def test_twin_checks_are_sensitive():
 def _sim(tr, prefix_aware, dram, flash, *, local=0, policy=K.P_ALL, promotion=K.PROMOTE, write_through=False,
          flash_lru=True, values=None):
     n = len(tr.block)
-    return K.simulate_tiers(tr.block, tr.size, tr.req_start, request_of(tr.req_start), tr.size[tr.block].astype(np.int32)
+    return K.simulate_tiers(tr.block, tr.size, tr.req_start, tr.size[tr.block].astype(np.int32)
                             if n else np.zeros(0, np.int32), positions(tr.req_start),
                             np.arange(len(tr.req_start) - 1, dtype=np.float64), np.zeros(len(tr.req_start) - 1, np.int64),
                             block_tokens=8, prefix_aware=prefix_aware, dram=dram, local=local, flash=flash, n_nodes=1,
@@ -334,8 +369,7 @@ def test_reuse_oracle_keeps_admit_all_hits_with_only_read_back_writes(tr, kd, kf
     all_ = _sim(tr, prefix_aware, kd * s, kf * s)
     flags = K.reuse_oracle_flags(tr.block, len(tr.size), all_.decision)
     n = len(tr.block)
-    oracle = K.simulate_tiers(tr.block, tr.size, tr.req_start, request_of(tr.req_start),
-                              tr.size[tr.block].astype(np.int32) if n else np.zeros(0, np.int32),
+    oracle = K.simulate_tiers(tr.block, tr.size, tr.req_start, tr.size[tr.block].astype(np.int32) if n else np.zeros(0, np.int32),
                               positions(tr.req_start), np.arange(len(tr.req_start) - 1, dtype=np.float64),
                               np.zeros(len(tr.req_start) - 1, np.int64), block_tokens=8, prefix_aware=prefix_aware,
                               dram=kd * s, local=0, flash=kf * s, n_nodes=1, policy=K.P_ORACLE, oracle_ok=flags)
@@ -429,7 +463,7 @@ def test_summary_shares_equal_the_curve(tr, kd, kf, flat):
 @given(sim_inputs(max_nodes=1), st.sampled_from(["write-on-evict", "write-through"]))
 def test_summary_and_requests_follow_the_twin(case, write_mode):
     args, kw, policy, promotion = case
-    block, size, req_start, _, tokens, _, ts, _ = args
+    block, size, req_start, tokens, _, ts, _ = args
     if policy in ("group", "value", "oracle"):
         policy = "freq"
     if write_mode == "write-through" or promotion == "copy":
@@ -452,7 +486,7 @@ def test_summary_and_requests_follow_the_twin(case, write_mode):
                    warmup=warm)
     first = res.info["first_measured_request"]
     p = parse_policy(pol)
-    want = twin.simulate_tiers(block, size, req_start, request_of(req_start), tokens, positions(req_start), ts,
+    want = twin.simulate_tiers(block, size, req_start, tokens, positions(req_start), ts,
                                np.zeros(R, np.int64), block_tokens=6, prefix_aware=kw["prefix_aware"],
                                dram=kw["dram"], local=kw["local"], flash=kw["flash"], n_nodes=1, policy=policy,
                                param=p.param, flash_lru=kw["flash_lru"], promotion=promotion,
@@ -515,7 +549,7 @@ def test_multi_node_routing_matches_twin(case, nodes, routing):
     # the whole multi-node replay, with local SSDs and a shared pool
     res = simulate(trace, TierConfig(kw["dram"] + 1, flash_bytes=kw["flash"], local_ssd_bytes=kw["local"], nodes=nodes,
                                      routing=routing), model=ONE_BYTE)
-    sim = twin.simulate_tiers(block, size, req_start, request_of(req_start), trace.accesses.tokens,
+    sim = twin.simulate_tiers(block, size, req_start, trace.accesses.tokens,
                               positions(req_start), trace.request_timestamp, np.asarray(got), block_tokens=8,
                               prefix_aware=True, dram=kw["dram"] + 1, local=kw["local"], flash=kw["flash"],
                               n_nodes=nodes)
@@ -585,7 +619,7 @@ n = int(starts[-1]); block = rng.integers(0, 25, n).astype(np.int64); size = rng
 req = np.repeat(np.arange(60), np.diff(starts)); pos = (np.arange(n) - starts[req]).astype(np.int32)
 out = {}
 for pol, prom, wt in ((K.P_ALL, K.PROMOTE, False), (K.P_TINYLFU, K.COPY, True), (K.P_GROUP, K.NO_PROMOTION, False)):
-    r = K.simulate_tiers(block, size, starts, req, size[block].astype(np.int32), pos, np.arange(60.0), req % 2,
+    r = K.simulate_tiers(block, size, starts, size[block].astype(np.int32), pos, np.arange(60.0), req % 2,
                          block_tokens=4, prefix_aware=True, dram=6, local=5, flash=9, n_nodes=2, policy=pol,
                          param=0.5, promotion=prom, write_through=wt, req_group=(np.arange(60) % 3).astype(np.int32),
                          n_groups=3, sketch_width=4)

@@ -291,12 +291,22 @@ def stats(
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
     json_out: Optional[str] = typer.Option(None, "--json", help="Also write the figures as JSON to this file ('-' = stdout only)."),
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Read a Parquet trace in chunks, memory bounded by its distinct blocks and requests, same figures bit for bit (default: when the in-memory run would exceed half the available memory or $KVTRACE_MEMORY_BUDGET)."),
 ) -> None:
     """What is in a trace: size, arrivals, lengths, reuse and the most valuable shared prefixes."""
     from .stats import trace_stats
 
-    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="stats")
-    result = trace_stats(trace, _model(model, kv_bytes_per_token, dtype))
+    m = _model(model, kv_bytes_per_token, dtype)  # before a long scan
+    trace = _open_stats_trace(trace_path, fmt, block_tokens, share_tenants, stream)
+    if hasattr(trace, "close"):  # streamed: passes over the spill files, which close removes
+        try:
+            with _progress() as prog:
+                task = prog.add_task("stats (streaming)", total=max(trace.n_accesses, 1))
+                result = trace_stats(trace, m, progress=lambda d, t: prog.update(task, completed=d, total=t))
+        finally:
+            trace.close()
+    else:
+        result = trace_stats(trace, m)
     if json_out == "-":
         _write_json("-", result.to_dict())
         return
@@ -343,6 +353,16 @@ def stats(
         console.print(gt)
     if json_out:
         _write_json(json_out, result.to_dict())
+
+
+def _open_stats_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
+                      stream: Optional[bool]):
+    """The trace in memory, or scanned in chunks (kvtrace.stream) when stats should stream."""
+    from .stats import STREAM_COLUMNS, should_stream
+
+    if not should_stream(trace_path, fmt.value, stream):
+        return _load(trace_path, fmt, block_tokens, share_tenants, workload="stats")
+    return _scan_streamed(trace_path, fmt, block_tokens, share_tenants, STREAM_COLUMNS)
 
 
 # ---------------------------------------------------------------------------- models
@@ -583,7 +603,7 @@ def curve(
 def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
                       stream: Optional[bool], by, distances_out):
     """The trace in memory, or scanned in chunks (kvtrace.stream) when it should stream."""
-    from .stream import open_stream, should_stream
+    from .stream import should_stream
 
     if not should_stream(trace_path, fmt.value, stream):
         return _load(trace_path, fmt, block_tokens, share_tenants,
@@ -593,12 +613,20 @@ def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], s
                          field="distances-out")
     keep = {"type": ("type",), "tenant": ("tenant",), "turn": ("turn",),
             "session-length": ("session_id",)}.get(by.value if by else "", ())
+    return _scan_streamed(trace_path, fmt, block_tokens, share_tenants, keep)
+
+
+def _scan_streamed(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool, columns=()):
+    """Pass 1 of a streamed run (kvtrace.stream.open_stream) with a progress bar;
+    ``columns``: the request columns to keep (O(requests) memory each)."""
+    from .stream import open_stream
+
     err_console.print(f"kvtrace: streaming {trace_path.name} in row-group chunks: memory bounded by its distinct "
                       "blocks, results equal to the in-memory run", markup=False, soft_wrap=True)
     with _progress() as prog:
         task = prog.add_task("scan (streaming)", total=1)
         trace = open_stream(trace_path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
-                            columns=keep, progress=lambda d, t: prog.update(task, completed=d, total=t))
+                            columns=columns, progress=lambda d, t: prog.update(task, completed=d, total=t))
     for w in trace.warnings:
         err_console.print(f"kvtrace: warning: {trace_path}: {w}", markup=False, soft_wrap=True)
     return trace
@@ -726,6 +754,7 @@ def value(
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Read a Parquet trace in chunks, memory bounded by its distinct blocks and requests (any horizon), same results bit for bit (default: when the in-memory run would exceed half the available memory or $KVTRACE_MEMORY_BUDGET)."),
 ) -> None:
     """Future-reuse value: which blocks are worth keeping, and which prompts are one-shot.
 
@@ -750,25 +779,51 @@ def value(
     )
     m = _model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
-    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="value")
-    t0 = time.perf_counter()
-    result = value_report(trace, model=m, gpu=g, horizon_s=h, costs=costs)
-    elapsed = time.perf_counter() - t0
-    if json_out == "-":
-        _write_json("-", result.to_dict(top))
-    else:
-        _render_value(trace_path, result, top, elapsed)
-    if out is not None:
-        write_table(result.per_block, out, metadata=result.summary)
-    if prefixes_out is not None:
-        write_table(result.per_prefix, prefixes_out, metadata=result.summary)
-    if accesses_out is not None:
-        write_table(result.future.table(), accesses_out, metadata=result.summary)
-    if json_out and json_out != "-":
-        _write_json(json_out, result.to_dict(top))
+    trace, streamed = _open_value_trace(trace_path, fmt, block_tokens, share_tenants, stream)
+    try:
+        t0 = time.perf_counter()
+        with _progress() as prog:
+            task = prog.add_task("future reuse (streaming)", total=max(trace.n_accesses, 1), visible=streamed)
+            cb = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
+            result = value_report(trace, model=m, gpu=g, horizon_s=h, costs=costs, progress=cb if streamed else None)
+        elapsed = time.perf_counter() - t0
+        if json_out == "-":
+            _write_json("-", result.to_dict(top))
+        else:
+            _render_value(trace_path, result, top, elapsed)
+        if out is not None:
+            write_table(result.per_block, out, metadata=result.summary)
+        if prefixes_out is not None:
+            write_table(result.per_prefix, prefixes_out, metadata=result.summary)
+        if accesses_out is not None:  # a streamed trace makes it again and writes it chunk by chunk, atomically
+            with _progress() as prog:
+                task = prog.add_task("per-access table (streaming)", total=max(trace.n_accesses, 1), visible=streamed)
+                kw = {"progress": lambda d, t: prog.update(task, completed=d, total=t)} if streamed else {}
+                result.future.write_table(accesses_out, metadata=result.summary, **kw)
+        if json_out and json_out != "-":
+            _write_json(json_out, result.to_dict(top))
+    finally:
+        if streamed:  # removes the spill files
+            trace.close()
     for label, p in (("blocks", out), ("prefixes", prefixes_out), ("accesses", accesses_out), ("json", json_out)):
         if p is not None and p != "-":
             err_console.print(f"wrote {label}: {p}", markup=False)
+
+
+def _open_value_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
+                      stream: Optional[bool]):
+    """(trace, streamed): in memory, or scanned in chunks (kvtrace.stream). Left to
+    itself it streams a Parquet trace whose in-memory value run (the guard's "value"
+    profile, heavier than a curve's) would exceed the streaming budget."""
+    from .guard import PROFILES
+    from .stream import IN_MEMORY_BYTES_PER_ACCESS, in_memory_estimate, is_parquet, memory_budget, should_stream
+
+    if stream is None and is_parquet(trace_path, fmt.value) and trace_path.is_file():
+        accesses = in_memory_estimate(trace_path) // IN_MEMORY_BYTES_PER_ACCESS
+        stream = accesses * PROFILES["value"].per_access > memory_budget()
+    if not should_stream(trace_path, fmt.value, stream):
+        return _load(trace_path, fmt, block_tokens, share_tenants, workload="value"), False
+    return _scan_streamed(trace_path, fmt, block_tokens, share_tenants), True
 
 
 def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
@@ -854,6 +909,7 @@ def whatif(
     inclusive: bool = typer.Option(False, "--inclusive", help="Allow a block in two tiers (copy, write-through)."),
     flash_order: FlashOrder = typer.Option(FlashOrder.lru, "--flash-order", help="Flash replacement: lru or fifo (log-structured)."),
     eviction: Eviction = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model, as for kvtrace curve."),
+    stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Replay a Parquet trace chunk by chunk from a spill file, memory bounded by its distinct blocks and requests, same results bit for bit (default: when an in-memory run would exceed half the available memory or $KVTRACE_MEMORY_BUDGET)."),
     warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up (fraction or duration)."),
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
@@ -884,9 +940,9 @@ def whatif(
     value captured, residency, and reusable-prefix service-time percentiles.
     """
     from .model import resolve_gpu
-    from .outputs import table_format, write_table
+    from .outputs import table_format
     from .response import ResponseModel
-    from .whatif import TierConfig, local_vs_shared, sweep
+    from .whatif import TierConfig, local_vs_shared
 
     if out is not None:
         table_format(out)
@@ -914,12 +970,42 @@ def whatif(
                              flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
                              overhead_s=overhead_ms / 1e3, recompute_flops_per_s=g.effective_flops)
     parallel = engine != Engine.dask and min(workers, len(configs)) > 1
-    trace = _load(trace_path, fmt, block_tokens, share_tenants, workload="whatif-parallel" if parallel else "whatif")
+    from .stream import should_stream
+
+    if engine == Engine.dask and stream:
+        raise UsageError("--engine dask ships the trace to the workers: not with --stream", field="stream")
+    streamed = engine != Engine.dask and should_stream(trace_path, fmt.value, stream)
+    if streamed:
+        keep = {"request_id", "session_id"}  # routing
+        keep.update(c.parsed_policy.by for c in configs if c.parsed_policy.kind == "group")
+        trace = _scan_streamed(trace_path, fmt, block_tokens, share_tenants,
+                               sorted({"session-length": "session_id"}.get(k, k) for k in keep))
+    else:
+        trace = _load(trace_path, fmt, block_tokens, share_tenants,
+                      workload="whatif-parallel" if parallel else "whatif")
+    try:
+        _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
+                    scheduler, out, plot, json_out)
+    finally:
+        if streamed:
+            trace.close()
+
+
+def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine, scheduler,
+                out, plot, json_out) -> None:
+    from .outputs import write_table
+    from .stream import StreamedTrace
+    from .whatif import sweep
+
     values = None
     if any(c.parsed_policy.kind == "value" for c in configs):
         from .value import future_reuse, parse_horizon
+        from .value_stream import streamed_values
 
-        values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_dollars
+        if isinstance(trace, StreamedTrace):
+            values = streamed_values(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon))
+        else:
+            values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_dollars
     t0 = time.perf_counter()
     if engine == Engine.dask:  # one configuration per task; the table equals a one-process sweep
         from .distributed import dask_client
@@ -931,8 +1017,11 @@ def whatif(
                                eviction=eviction.value, values=values, warmup=warmup,
                                progress=lambda d, t: prog.update(task, completed=d, total=t))
     else:
-        table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value, values=values,
-                      warmup=warmup, workers=min(workers, len(configs)))
+        with _progress() as prog:
+            task = prog.add_task("configurations", total=len(configs))
+            table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value,
+                          values=values, warmup=warmup, workers=min(workers, len(configs)),
+                          progress=lambda d, t: prog.update(task, completed=d, total=t))
     elapsed = time.perf_counter() - t0
     if json_out == "-":
         _write_json("-", {"configs": table.to_dicts()})

@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from . import __version__
-from .curves import GROUPINGS, RATE_COLUMNS, compute_curve, parse_warmup, warmup_first_request
+from .curves import GROUPINGS, RATE_COLUMNS, compute_curve
 from .distances import COLD, distances_table, normalise_eviction, reuse_distances
 from .errors import KvtraceError, UsageError
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model

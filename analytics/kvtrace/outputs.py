@@ -16,7 +16,7 @@ import os
 import socket
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import polars as pl
 
@@ -266,3 +266,48 @@ def write_table(df: pl.DataFrame, path: str | os.PathLike, metadata: dict | None
         else:
             payload = {"metadata": metadata or {}, "rows": df.to_dicts()}
             tmp.write_text(json.dumps(_json_safe(payload), indent=1) + "\n", encoding="utf-8")
+
+
+def write_table_chunks(frames: Iterable[pl.DataFrame], path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """:func:`write_table` for a table made chunk by chunk (too large to hold).
+
+    ``frames`` are consecutive pieces of the table, all with the same schema (at least
+    one, possibly empty, so that the schema is known). The file holds the same table
+    as ``write_table(pl.concat(frames), ...)``: a Parquet file with one row group per
+    chunk or more, CSV and JSON byte for byte the same. It is written atomically: an
+    exception while the frames are made leaves no file (and any previous one intact).
+    """
+    fmt = table_format(path)
+    with atomic_path(path) as tmp:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            writer = None
+            try:
+                for df in frames:
+                    table = df.to_arrow()
+                    if writer is None:
+                        md = dict(table.schema.metadata or {})
+                        if metadata is not None:
+                            md[b"kvtrace"] = json.dumps(_json_safe(metadata), sort_keys=True).encode()
+                        writer = pq.ParquetWriter(tmp, table.schema.with_metadata(md), compression="zstd")
+                    writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
+                if writer is None:
+                    raise ValueError("write_table_chunks needs at least one frame (the schema)")
+            finally:
+                if writer is not None:
+                    writer.close()
+        elif fmt == "csv":
+            with open(tmp, "wb") as fh:
+                for i, df in enumerate(frames):
+                    df.write_csv(fh, include_header=i == 0)
+        else:
+            head = json.dumps(_json_safe({"metadata": metadata or {}}), indent=1)
+            with open(tmp, "w", encoding="utf-8") as fh:
+                fh.write(head[:-2] + ',\n "rows": [')  # json.dumps(..., indent=1) of the whole payload
+                sep = "\n"
+                for df in frames:
+                    for row in df.to_dicts():
+                        fh.write(sep + "\n".join("  " + ln for ln in json.dumps(_json_safe(row), indent=1).split("\n")))
+                        sep = ",\n"
+                fh.write("]\n}\n" if sep == "\n" else "\n ]\n}\n")

@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -57,6 +56,7 @@ from typing import Callable, Sequence
 import numpy as np
 import polars as pl
 
+from . import spill as spill_mod
 from .distances import Distances
 from .errors import KvtraceError, UsageError
 from .ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
@@ -295,8 +295,10 @@ class StreamedTrace:
         self.close()
 
     # chunks
-    def _chunks(self, size: int = CHUNK_ACCESSES):
-        """(first request, end request, lo, hi) of chunks of whole requests, ~size accesses."""
+    def _chunks(self, size: int | None = None):
+        """(first request, end request, lo, hi) of chunks of whole requests, ~size accesses
+        (default :data:`CHUNK_ACCESSES`, read at each call)."""
+        size = CHUNK_ACCESSES if size is None else size
         rs = self._req_start
         n_req = rs.shape[0] - 1
         r = 0
@@ -420,7 +422,8 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
         O(requests) memory each.
     spill_dir : path-like, optional
         Where the spill files go (12 bytes per access; default: the system's
-        temporary directory).
+        temporary directory). Spill directories that killed runs left there are
+        removed first (:mod:`kvtrace.spill`).
     progress : callable, optional
         ``progress(requests_done, requests_total)``.
 
@@ -438,7 +441,8 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
     info = ChunkInfo()
     keep = [c for c in dict.fromkeys(columns) if c != "timestamp"]
     read = list(dict.fromkeys(["request_id", "timestamp", "input_tokens", "block_ids", "tenant", *keep]))
-    spill = Path(tempfile.mkdtemp(prefix="kvtrace-stream-", dir=spill_dir))
+    spill_mod.clean_stale(spill_dir)  # spill directories of killed runs (kvtrace.spill)
+    spill = spill_mod.make_spill_dir(spill_dir)
     try:
         state = None
         ts_parts, len_parts, last_parts, kept, ids_parts = [], [], [], [], []

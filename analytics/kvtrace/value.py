@@ -87,7 +87,9 @@ Summary (``ValueResult.summary``; units in the key names): see :func:`value_repo
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import polars as pl
@@ -97,6 +99,10 @@ from .kernels.future import best_keep_value, future_windows
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .trace import Trace
 from .units import parse_duration
+
+if TYPE_CHECKING:
+    from .stream import StreamedTrace
+    from .value_stream import StreamedFutureReuse
 
 __all__ = [
     "DEFAULT_COSTS",
@@ -333,6 +339,13 @@ class FutureReuse:
             }
         )
 
+    def write_table(self, path: str | os.PathLike, metadata: dict | None = None) -> None:
+        """Write :meth:`table` atomically (.parquet, .csv or .json; see
+        :func:`kvtrace.outputs.write_table`)."""
+        from .outputs import write_table
+
+        write_table(self.table(), path, metadata=metadata)
+
 
 def _resolve(model, gpu) -> tuple[ModelSpec, GpuSpec]:
     m = model if isinstance(model, ModelSpec) else resolve_model(model)
@@ -369,11 +382,7 @@ def future_reuse(
     FutureReuse
         Per-access arrays in trace order (see its attributes and the module docstring).
     """
-    m, g = _resolve(model, gpu)
-    horizon = parse_horizon(horizon_s)
-    c = DEFAULT_COSTS if costs is None else costs
-    if not isinstance(c, StorageCosts):
-        raise UsageError(f"expected StorageCosts, got {type(c).__name__}", field="costs")
+    m, g, horizon, c = _setup(model, gpu, horizon_s, costs)
     a = trace.accesses
     ts = trace.access_timestamp.astype(np.float64, copy=False)
     if ts.size > 1 and np.any(np.diff(ts) < 0):
@@ -386,13 +395,60 @@ def future_reuse(
         a.block.astype(np.int64, copy=False), ts, k, q, trace.n_blocks, horizon)
 
     bpt = int(m.kv_bytes_per_token)
-    coef_a, coef_b = m.flops_coefficients()
     nbytes = trace.block_size.astype(np.int64)[a.block] * bpt
+
+    # the time-to-live schedule's interval of t ends at its next access if within H
+    keep = reuses > 0
+    own_s = _prefill_gpu_seconds(m, g, k, q)
+    interval_gain = np.zeros(ts.shape[0], dtype=np.float64)
+    interval_gain[keep] = own_s[next_t[keep]]
+    starts_stay = np.ones(ts.shape[0], dtype=bool)
+    starts_stay[next_t[keep]] = False
+    hold, gain_s, gain_d, cost, value, interval_value = _access_values(
+        m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reuse_q, next_gap, interval_gain, starts_stay)
+
+    return FutureReuse(
+        block=a.block, timestamp_s=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
+        hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_dollars=gain_d,
+        cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
+        interval_value_dollars=interval_value, starts_stay=starts_stay, horizon_s=horizon, costs=c,
+        info=_info(m, g),
+    )
+
+
+def _setup(model, gpu, horizon_s, costs) -> tuple[ModelSpec, GpuSpec, float, StorageCosts]:
+    """Resolved model, GPU, horizon (seconds) and costs of :func:`future_reuse`."""
+    m, g = _resolve(model, gpu)
+    horizon = parse_horizon(horizon_s)
+    c = DEFAULT_COSTS if costs is None else costs
+    if not isinstance(c, StorageCosts):
+        raise UsageError(f"expected StorageCosts, got {type(c).__name__}", field="costs")
+    return m, g, horizon, c
+
+
+def _info(m: ModelSpec, g: GpuSpec) -> dict:
+    return {"model": m.name, "kv_bytes_per_token": int(m.kv_bytes_per_token), "gpu": g.name,
+            "gpu_dollars_per_hour": g.dollars_per_hour, "gpu_effective_flops": g.effective_flops}
+
+
+def _prefill_gpu_seconds(m: ModelSpec, g: GpuSpec, tokens: np.ndarray, pos_token_sum: np.ndarray) -> np.ndarray:
+    """GPU-seconds of ``a*k + b*q`` prefill FLOPs, elementwise (int64 token counts and
+    position-token sums in)."""
+    coef_a, coef_b = m.flops_coefficients()
+    return g.gpu_seconds(coef_a * tokens.astype(np.float64) + coef_b * pos_token_sum.astype(np.float64))
+
+
+def _access_values(m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reuse_q, next_gap, interval_gain,
+                   starts_stay):
+    """The per-access float columns of :class:`FutureReuse` from the window counts, all
+    elementwise, so a streamed run computes them chunk by chunk with the same bits:
+    (hold_s, gain_gpu_seconds, gain_dollars, cost_dollars, value_dollars,
+    interval_value_dollars)."""
     fbytes = nbytes.astype(np.float64)
     tail = horizon if math.isfinite(horizon) else 0.0
 
     # window value
-    gain_s = g.gpu_seconds(coef_a * reuse_tokens.astype(np.float64) + coef_b * reuse_q.astype(np.float64))
+    gain_s = _prefill_gpu_seconds(m, g, reuse_tokens, reuse_q)
     gain_d = gain_s * (g.dollars_per_hour / 3600.0)
     hold = np.where(reuses > 0, last_gap, tail)
     cost = fbytes * (c.write_dollars_per_byte + c.read_dollars_per_byte * reuses
@@ -401,24 +457,11 @@ def future_reuse(
 
     # interval value (the time-to-live schedule, split by access)
     keep = reuses > 0
-    own_s = g.gpu_seconds(coef_a * k.astype(np.float64) + coef_b * q.astype(np.float64))
-    interval_gain = np.zeros(ts.shape[0], dtype=np.float64)
-    interval_gain[keep] = own_s[next_t[keep]]
-    starts_stay = np.ones(ts.shape[0], dtype=bool)
-    starts_stay[next_t[keep]] = False
     occupied = np.where(keep, next_gap, tail)
     interval_value = interval_gain * (g.dollars_per_hour / 3600.0) - fbytes * (
         c.read_dollars_per_byte * keep + c.occupancy_dollars_per_byte_second * occupied
         + c.write_dollars_per_byte * starts_stay)
-
-    return FutureReuse(
-        block=a.block, timestamp_s=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
-        hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_dollars=gain_d,
-        cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
-        interval_value_dollars=interval_value, starts_stay=starts_stay, horizon_s=horizon, costs=c,
-        info={"model": m.name, "kv_bytes_per_token": bpt, "gpu": g.name, "gpu_dollars_per_hour": g.dollars_per_hour,
-              "gpu_effective_flops": g.effective_flops},
-    )
+    return hold, gain_s, gain_d, cost, value, interval_value
 
 
 @dataclass
@@ -433,14 +476,16 @@ class ValueResult:
         One row per root prefix, most valuable first.
     summary : dict
         Scalar figures, units in the key names (see :func:`value_report`).
-    future : FutureReuse
-        The per-access arrays the tables were built from.
+    future : FutureReuse or StreamedFutureReuse
+        The per-access arrays the tables were built from; for a streamed trace, what
+        writes them chunk by chunk (:class:`kvtrace.value_stream.StreamedFutureReuse`).
+        Both have ``write_table(path, metadata)``.
     """
 
     per_block: pl.DataFrame
     per_prefix: pl.DataFrame
     summary: dict
-    future: FutureReuse
+    future: FutureReuse | StreamedFutureReuse
 
     def top_prefixes(self, n: int = 10) -> pl.DataFrame:
         """The ``n`` root prefixes of highest total value."""
@@ -467,24 +512,32 @@ def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs) -> dict:
 
 
 def value_report(
-    trace: Trace,
+    trace: Trace | StreamedTrace,
     *,
     model: ModelSpec | str | None = None,
     gpu: GpuSpec | str | None = None,
     horizon_s: float | str | None = None,
     costs: StorageCosts | None = None,
     future: FutureReuse | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ValueResult:
     """Per-block and per-prefix future-reuse value of a trace, and a summary.
 
     Parameters
     ----------
-    trace : Trace
+    trace : Trace or StreamedTrace
+        A streamed trace (:func:`kvtrace.stream.open_stream`) is valued chunk by chunk
+        (:mod:`kvtrace.value_stream`) with the same results bit for bit; its
+        ``ValueResult.future`` is then a :class:`kvtrace.value_stream.StreamedFutureReuse`
+        (per-access arrays are not held: it writes them chunk by chunk).
     model, gpu, horizon_s, costs
         As for :func:`future_reuse` (None: the same defaults).
     future : FutureReuse, optional
         Reuse an already computed :func:`future_reuse` of this trace (then ``model``,
         ``gpu``, ``horizon_s`` and ``costs`` are taken from it and must not be given).
+        Not for a streamed trace.
+    progress : callable, optional
+        ``progress(done, total)`` during the passes of a streamed trace.
 
     Returns
     -------
@@ -512,6 +565,15 @@ def value_report(
 
         Shares and quantiles are None for a trace without accesses.
     """
+    from .stream import StreamedTrace
+
+    if isinstance(trace, StreamedTrace):
+        from .value_stream import streamed_value_report
+
+        if future is not None:
+            raise UsageError("a streamed trace computes its own future reuse: do not pass one", field="future")
+        return streamed_value_report(trace, model=model, gpu=gpu, horizon_s=horizon_s, costs=costs,
+                                     progress=progress)
     if future is None:
         fr = future_reuse(trace, model=model, gpu=gpu, horizon_s=horizon_s, costs=costs)
     else:
@@ -525,7 +587,6 @@ def value_report(
     a = trace.accesses
     M, N = trace.n_blocks, trace.n_accesses
     block = a.block.astype(np.int64, copy=False)
-    ts = fr.timestamp_s
     tail = fr.horizon_s if math.isfinite(fr.horizon_s) else 0.0
     bpt = int(fr.info["kv_bytes_per_token"])
 
@@ -539,10 +600,7 @@ def value_report(
     bytes_b = trace.block_size.astype(np.int64) * bpt
 
     keep = fr.keepable
-    fbytes = fr.bytes.astype(np.float64)
-    write_acc = fbytes * c.write_dollars_per_byte * fr.starts_stay
-    read_acc = fbytes * c.read_dollars_per_byte * keep
-    occ_acc = fbytes * c.occupancy_dollars_per_byte_second * np.where(keep, fr.next_gap_s, tail)
+    write_acc, read_acc, occ_acc = _cost_parts(c, fr.bytes, keep, fr.next_gap_s, fr.starts_stay, tail)
 
     def per_block(x) -> np.ndarray:
         return np.bincount(block, weights=x, minlength=M).astype(np.float64)
@@ -550,25 +608,75 @@ def value_report(
     gain_s = per_block(fr.interval_gain_gpu_seconds)
     cost = per_block(write_acc + read_acc + occ_acc)
     total = per_block(fr.interval_value_dollars)
-    dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
-    clair_interval = fr.interval_gain_gpu_seconds * dollars_per_gpu_s - read_acc - np.where(keep, occ_acc, 0.0)
-    clair = best_keep_value(block, M, keep, clair_interval, bytes_b.astype(np.float64) * c.write_dollars_per_byte)
-    density = total / bytes_b  # bytes >= 1: a block holds >= 1 token of >= 1 byte
-
+    clair_interval = _clairvoyant_interval(fr, fr.interval_gain_gpu_seconds, read_acc, occ_acc, keep)
+    clair = best_keep_value(block, M, keep, clair_interval, _write_cost(c, bytes_b))
     req_ts = trace.request_timestamp
+    blocks = {
+        "root_block": root.astype(np.int64),
+        "first_seen_s": req_ts[first_request],
+        "last_seen_s": req_ts[a.request[last_t]],
+        "accesses": accesses,
+        "horizon_hits": np.bincount(block, weights=~fr.starts_stay, minlength=M).astype(np.int64),
+        "gain_gpu_seconds": gain_s,
+        "cost_dollars": cost,
+        "total_value_dollars": total,
+        "clairvoyant_value_dollars": clair,
+    }
+    sums = {
+        "write_cost_dollars": float(write_acc.sum()),
+        "read_cost_dollars": float(read_acc.sum()),
+        "occupancy_cost_dollars": float(occ_acc.sum()),
+        "no_reuse": int(np.count_nonzero(~keep)),
+        "positive_window_value": int(np.count_nonzero(fr.value_dollars > 0)),
+    }
+    per_block_df, per_prefix_df, summary = _tables(trace, fr, N, blocks, sums)
+    return ValueResult(per_block_df, per_prefix_df, summary, fr)
+
+
+def _cost_parts(c: StorageCosts, nbytes, keep, next_gap, starts_stay, tail: float):
+    """Write, read and occupancy $ of each access's interval (time-to-live schedule)."""
+    fbytes = nbytes.astype(np.float64)
+    write_acc = fbytes * c.write_dollars_per_byte * starts_stay
+    read_acc = fbytes * c.read_dollars_per_byte * keep
+    occ_acc = fbytes * c.occupancy_dollars_per_byte_second * np.where(keep, next_gap, tail)
+    return write_acc, read_acc, occ_acc
+
+
+def _clairvoyant_interval(fr, interval_gain, read_acc, occ_acc, keep):
+    """Net $ of keeping each access's interval, before the write (best_keep_value's input)."""
+    return interval_gain * (fr.info["gpu_dollars_per_hour"] / 3600.0) - read_acc - np.where(keep, occ_acc, 0.0)
+
+
+def _write_cost(c: StorageCosts, bytes_b: np.ndarray) -> np.ndarray:
+    return bytes_b.astype(np.float64) * c.write_dollars_per_byte
+
+
+def _tables(trace, fr, N: int, blocks: dict, sums: dict):
+    """The per-block and per-prefix tables and the summary, from per-block arrays
+    (``blocks``: root_block, first_seen_s, last_seen_s, accesses, horizon_hits,
+    gain_gpu_seconds, cost_dollars, total_value_dollars, clairvoyant_value_dollars)
+    and per-access totals (``sums``); shared by the in-memory and streamed runs."""
+    c = fr.costs
+    M = trace.n_blocks
+    bpt = int(fr.info["kv_bytes_per_token"])
+    bytes_b = trace.block_size.astype(np.int64) * bpt
+    accesses, gain_s, total = blocks["accesses"], blocks["gain_gpu_seconds"], blocks["total_value_dollars"]
+    clair = blocks["clairvoyant_value_dollars"]
+    density = total / bytes_b  # bytes >= 1: a block holds >= 1 token of >= 1 byte
+    dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
     per_block_df = pl.DataFrame(
         {
             "block": np.arange(M, dtype=np.int64),
             "hash": trace.block_hash.astype(np.uint64),
-            "root_block": root.astype(np.int64),
-            "first_seen_s": req_ts[first_request],
-            "last_seen_s": req_ts[a.request[last_t]],
+            "root_block": blocks["root_block"],
+            "first_seen_s": blocks["first_seen_s"],
+            "last_seen_s": blocks["last_seen_s"],
             "accesses": accesses,
             "reused": accesses > 1,
-            "horizon_hits": np.bincount(block, weights=~fr.starts_stay, minlength=M).astype(np.int64),
+            "horizon_hits": blocks["horizon_hits"],
             "bytes": bytes_b,
             "gain_gpu_seconds": gain_s,
-            "cost_dollars": cost,
+            "cost_dollars": blocks["cost_dollars"],
             "total_value_dollars": total,
             "value_per_byte": density,
             "clairvoyant_value_dollars": clair,
@@ -617,16 +725,16 @@ def value_report(
         "never_reused_bytes": int(bytes_b[once].sum()),
         "never_reused_bytes_share": share(bytes_b[once].sum(), distinct),
         "never_reused_access_share": share(once.sum(), N),
-        "no_reuse_in_horizon_access_share": share(np.count_nonzero(~keep), N),
+        "no_reuse_in_horizon_access_share": share(sums["no_reuse"], N),
         "gain_gpu_seconds": float(gain_s.sum()),
         "gain_dollars": float(gain_s.sum() * dollars_per_gpu_s),
-        "write_cost_dollars": float(write_acc.sum()),
-        "read_cost_dollars": float(read_acc.sum()),
-        "occupancy_cost_dollars": float(occ_acc.sum()),
+        "write_cost_dollars": sums["write_cost_dollars"],
+        "read_cost_dollars": sums["read_cost_dollars"],
+        "occupancy_cost_dollars": sums["occupancy_cost_dollars"],
         "total_value_dollars": float(total.sum()),
         "clairvoyant_bound_dollars": float(clair.sum()),
         "negative_value_bytes_share": share(bytes_b[total < 0].sum(), distinct),
-        "positive_window_value_access_share": share(np.count_nonzero(fr.value_dollars > 0), N),
+        "positive_window_value_access_share": share(sums["positive_window_value"], N),
         "value_per_byte_quantiles": _weighted_quantiles(density, bytes_b, QUANTILES),
     }
-    return ValueResult(per_block_df, per_prefix_df, summary, fr)
+    return per_block_df, per_prefix_df, summary

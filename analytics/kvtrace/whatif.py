@@ -122,19 +122,25 @@ from __future__ import annotations
 import dataclasses
 import math
 import multiprocessing
+import os
 import re
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import polars as pl
+from numba import njit
 
+from .config import NJIT
 from .curves import GROUPINGS, group_labels, parse_warmup, warmup_first_request
 from .distances import normalise_eviction
 from .errors import UsageError
 from .kernels import tiers as K
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .response import ResponseModel, percentiles, request_times
+from .stream import StreamedTrace
 from .trace import Trace
 from .units import format_bytes, parse_duration, parse_size
 
@@ -425,11 +431,76 @@ def route(trace: Trace, nodes: int, routing: str) -> np.ndarray:
         rs = trace.accesses.req_start
         nonempty = rs[1:] > rs[:-1]
         key = rid.view(np.uint64).copy()
-        first = trace.accesses.block[rs[:-1][nonempty]]
+        first = _first_blocks(trace)[nonempty]
         key[nonempty] = trace.block_hash[first].astype(np.uint64)
     else:
         raise UsageError(f"unknown routing '{routing}'", field="routing")
     return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int64)
+
+
+def _first_blocks(trace) -> np.ndarray:
+    """int64[R]: the first block of each request (-1 if empty); a streamed trace is
+    read chunk by chunk."""
+    rs = trace.accesses.req_start
+    nonempty = rs[1:] > rs[:-1]
+    first = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
+    if not isinstance(trace, StreamedTrace):
+        first[nonempty] = trace.accesses.block[rs[:-1][nonempty]]
+        return first
+    for r, r_end, lo, block, _tokens, _pos, lrs in _stream_chunks(trace):
+        ne = lrs[1:] > lrs[:-1]
+        first[r:r_end][ne] = block[lrs[:-1][ne]]
+    return first
+
+
+# --------------------------------------------------------------------------- streamed traces
+
+
+def _stream_chunks(trace: StreamedTrace, *extra: tuple):
+    """Chunks of whole requests of a streamed trace, in order: ``(r, r_end, lo, block,
+    tokens, pos, local offsets)`` followed by one array per ``extra`` ``(path, dtype)``
+    spill file of per-access values (the chunk's slice of each)."""
+    files = [open(path, "rb") for path, _ in extra]
+    try:
+        with open(trace.spill / "blocks", "rb") as blocks:
+            for r, r_end, lo, hi in trace._chunks():
+                block = np.fromfile(blocks, dtype=np.int32, count=hi - lo).astype(np.int64)
+                lrs, tokens, pos, _ = trace._layout(r, r_end, lo)
+                cols = tuple(np.fromfile(fh, dtype=dt, count=hi - lo) for fh, (_, dt) in zip(files, extra))
+                yield (r, r_end, lo, block, tokens, pos, lrs, *cols)
+    finally:
+        for fh in files:
+            fh.close()
+
+
+@njit(**NJIT)
+def _oracle_chunk(block, decision, next_flash, out):
+    """Backward over one chunk (chunks taken last to first): ``out[t]`` = whether the
+    block's next access was served from flash, ``next_flash`` carrying it per block."""
+    for t in range(block.shape[0] - 1, -1, -1):
+        b = block[t]
+        out[t] = next_flash[b]
+        d = decision[t] & 3
+        next_flash[b] = 1 if d == K.LOCAL or d == K.FLASH else 0
+
+
+def _streamed_oracle_flags(trace: StreamedTrace, decisions: Path, out: Path) -> None:
+    """:func:`kvtrace.kernels.tiers.reuse_oracle_flags` of a streamed trace, from the
+    admit-all run's decisions in the spill file ``decisions`` (int8 per access), written
+    to ``out`` (int8 per access): chunks are read last to first, carrying one byte per
+    block."""
+    next_flash = np.zeros(trace.n_blocks, dtype=np.int8)
+    chunks = list(trace._chunks())
+    with open(trace.spill / "blocks", "rb") as blocks, open(decisions, "rb") as dec, open(out, "wb") as fh:
+        fh.truncate(trace.n_accesses)
+        for r, r_end, lo, hi in reversed(chunks):
+            blocks.seek(lo * 4)
+            dec.seek(lo)
+            block = np.fromfile(blocks, dtype=np.int32, count=hi - lo)
+            flags = np.empty(hi - lo, dtype=np.int8)
+            _oracle_chunk(block, np.fromfile(dec, dtype=np.int8, count=hi - lo), next_flash, flags)
+            fh.seek(lo)
+            flags.tofile(fh)
 
 
 # --------------------------------------------------------------------------- simulate
@@ -472,9 +543,14 @@ class WhatIfResult:
         }
 
 
-def _values_array(values, n: int) -> np.ndarray | None:
+def _values_array(values, n: int) -> np.ndarray | Path | None:
     if values is None:
         return None
+    if isinstance(values, (str, Path)):  # a streamed trace's spill file: float64 per access
+        path = Path(values)
+        if path.stat().st_size != 8 * n:
+            raise UsageError(f"{path.name}: expected {n} float64 values, one per block access", field="values")
+        return path
     arr = getattr(values, "value_dollars", values)
     arr = np.ascontiguousarray(arr, dtype=np.float64)
     if arr.shape != (n,):
@@ -482,19 +558,42 @@ def _values_array(values, n: int) -> np.ndarray | None:
     return arr
 
 
-def _run_kernel(trace: Trace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int, node, policy,
-                values, oracle_ok=None, group=None, n_groups=1) -> K.TierRun:
+def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int,
+                node, policy, values, oracle_ok=None, group=None, n_groups=1, decisions_out: Path | None = None,
+                progress=None) -> K.TierRun:
+    """One replay. A streamed trace is fed chunk by chunk (``values`` and
+    ``oracle_ok`` then name spill files; ``decisions_out``, if given, receives the
+    int8 decisions); an in-memory one in one call (arrays)."""
     a = trace.accesses
     d, loc, fl = tokens_cap
     width = K.sketch_width(fl + config.nodes * loc, trace.meta.block_tokens, trace.n_blocks)
-    return K.simulate_tiers(
-        a.block, trace.block_size, a.req_start, a.request, a.tokens, a.pos, trace.request_timestamp, node,
-        block_tokens=trace.meta.block_tokens, prefix_aware=prefix_aware, dram=d, local=loc, flash=fl,
-        n_nodes=config.nodes, policy=policy.code, param=policy.param, flash_lru=config.flash_order == "lru",
-        promotion=PROMOTIONS[config.promotion], write_through=config.write_mode == "write-through",
-        first_measured=first_req, req_group=group, n_groups=n_groups, values=values, oracle_ok=oracle_ok,
-        sketch_width=width,
+    sim = K.TierSimulator(
+        trace.block_size, trace.request_timestamp, node, block_tokens=trace.meta.block_tokens,
+        prefix_aware=prefix_aware, dram=d, local=loc, flash=fl, n_nodes=config.nodes, policy=policy.code,
+        param=policy.param, flash_lru=config.flash_order == "lru", promotion=PROMOTIONS[config.promotion],
+        write_through=config.write_mode == "write-through", first_measured=first_req, req_group=group,
+        n_groups=n_groups, has_values=values is not None, sketch_width=width,
     )
+    if not isinstance(trace, StreamedTrace):
+        decision = sim.feed(a.block, a.tokens, a.pos, a.req_start, values, oracle_ok)
+        cold = (decision & K.COLD_FLAG) != 0
+        decision &= 3
+        return sim.finish(decision, cold)
+    extra = [(p, dt) for p, dt in ((values, np.float64), (oracle_ok, np.int8)) if p is not None]
+    out = open(decisions_out, "wb") if decisions_out is not None else None
+    try:
+        for r, r_end, lo, block, tokens, pos, lrs, *cols in _stream_chunks(trace, *extra):
+            v = cols.pop(0) if values is not None else None
+            o = cols.pop(0) if oracle_ok is not None else None
+            decision = sim.feed(block, tokens, pos, lrs, v, o)
+            if out is not None:
+                decision.tofile(out)
+            if progress is not None:
+                progress(int(lrs[-1]) + lo, trace.n_accesses)
+    finally:
+        if out is not None:
+            out.close()
+    return sim.finish()
 
 
 def simulate(
@@ -507,12 +606,16 @@ def simulate(
     eviction: str = "prefix-aware",
     values=None,
     warmup: str | float | None = None,
+    progress=None,
 ) -> WhatIfResult:
     """Replay ``trace`` through one tier configuration.
 
     Parameters
     ----------
-    trace : Trace
+    trace : Trace or StreamedTrace
+        In memory, or scanned once by :func:`kvtrace.stream.open_stream` (then
+        replayed chunk by chunk from its spill file, results bit for bit the same;
+        memory bounded by distinct blocks and requests).
     config : TierConfig
     model : ModelSpec or str, optional
         Bytes per token and prefill FLOPs (default Llama-3.1-70B).
@@ -525,9 +628,12 @@ def simulate(
         ``prefix-aware`` (default) or ``flat`` LRU model, as for the curve.
     values : float64[N] or FutureReuse, optional
         Value ($) of keeping the block after each access (``value>=v`` policy and the
-        value columns).
+        value columns); for a streamed trace, the path of a float64 spill file
+        (:func:`kvtrace.value.streamed_values`).
     warmup : str or float, optional
         Fraction of requests or duration that only fills the tiers.
+    progress : callable, optional
+        ``progress(accesses_done, accesses_total)`` per chunk of a streamed trace.
 
     Returns
     -------
@@ -556,10 +662,27 @@ def simulate(
         group, names = group_labels(trace, policy.by)
         n_groups = len(names)
     oracle = None
+    streamed = isinstance(trace, StreamedTrace)
     if policy.kind == "reuse-oracle":
-        first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None)
-        oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
-    run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups)
+        if streamed:  # admit-all decisions and the flags go through spill files
+            fd, name = tempfile.mkstemp(prefix="oracle-", dir=trace.spill)
+            os.close(fd)
+            decisions, oracle = Path(name), Path(name + ".flags")
+            try:
+                _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None,
+                            decisions_out=decisions, progress=progress)
+                _streamed_oracle_flags(trace, decisions, oracle)
+            finally:
+                decisions.unlink(missing_ok=True)
+        else:
+            first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None)
+            oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
+    try:
+        run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,
+                          progress=progress)
+    finally:
+        if streamed and oracle is not None:
+            oracle.unlink(missing_ok=True)
 
     summary, requests = _metrics(trace, config, run, node, first_req, bpt, a_coef, b_coef, gpu, response, vals)
     summary = {
@@ -598,7 +721,7 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
     req_idx = np.arange(first_req, R)
     nonempty = rs[req_idx + 1] > rs[req_idx]
     first_dec = np.full(req_idx.shape[0], K.MISS, dtype=np.int64)
-    first_dec[nonempty] = run.decision[rs[req_idx[nonempty]]]
+    first_dec[nonempty] = run.req_first[req_idx[nonempty]]
     by_first = np.bincount(first_dec, minlength=4)
     tiers = ("dram", "local", "flash")
     units = {
@@ -757,6 +880,7 @@ def sweep(
     values=None,
     warmup: str | float | None = None,
     workers: int = 2,
+    progress=None,
 ) -> pl.DataFrame:
     """Simulate every configuration and compare them in one table.
 
@@ -765,6 +889,10 @@ def sweep(
     thread replay, so the table equals the serial one. ``workers <= 1`` runs serially
     in this process. As with any ``spawn`` pool, a script calling this must do so under
     ``if __name__ == "__main__":`` (the workers re-import the main module).
+
+    ``progress(done, total)`` is called as configurations finish (in order). A
+    streamed trace (:class:`kvtrace.stream.StreamedTrace`) reaches the workers
+    without its accesses: each replays from the same spill file.
 
     Returns
     -------
@@ -776,10 +904,20 @@ def sweep(
               "eviction": eviction, "values": None if values is None else _values_array(values, trace.n_accesses),
               "warmup": warmup}
     configs = list(configs)
+    rows = []
+
+    def done(row) -> None:
+        rows.append(row)
+        if progress is not None:
+            progress(len(rows), len(configs))
+
     if workers <= 1 or len(configs) <= 1:
-        return summary_table([simulate(trace, c, **kwargs).summary for c in configs])
+        for c in configs:
+            done(simulate(trace, c, **kwargs).summary)
+        return summary_table(rows)
     ctx = multiprocessing.get_context("spawn")  # fork is unsafe with Polars' and Numba's threads
     with ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx,
                              initializer=_init_worker, initargs=(trace, kwargs)) as pool:
-        rows = list(pool.map(_summary_in_worker, configs))
+        for row in pool.map(_summary_in_worker, configs):
+            done(row)
     return summary_table(rows)

@@ -15,7 +15,6 @@ record is an error naming the file, the line and the field.
 
 from __future__ import annotations
 
-import gzip
 import io
 import json
 import math

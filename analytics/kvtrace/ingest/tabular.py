@@ -121,7 +121,6 @@ def read_canonical(path: str) -> tuple[pl.DataFrame, TraceMeta] | None:
 def _parse_list_strings(col: pl.Series, path: str, name: str) -> pl.Series:
     """CSV list cells: "[1, 2, 3]", "1 2 3" or "1;2;3" -> list<u64>."""
     cleaned = col.cast(pl.String).str.replace_all(r"[\[\]]", "").str.strip_chars()
-    parts = cleaned.str.split_exact  # noqa: F841  (keep Polars API discoverable)
     split = cleaned.str.replace_all(r"[,;\s]+", " ").str.strip_chars().str.split(" ")
     split = split.list.eval(pl.element().filter(pl.element() != ""))
     try:

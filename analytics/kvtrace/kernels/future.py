@@ -174,6 +174,15 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
     """
     stored = np.full(n_blocks, -np.inf, dtype=np.float64)
     free = np.zeros(n_blocks, dtype=np.float64)
+    best_keep_value_into(block, keepable, interval_value, write_cost, stored, free)
+    return free
+
+
+@njit(**NJIT)
+def best_keep_value_into(block, keepable, interval_value, write_cost, stored, free):
+    """The dynamic programme of :func:`best_keep_value` over some accesses, carrying
+    ``stored`` (float64[M], starts at -inf) and ``free`` (float64[M], starts at 0)
+    from call to call: fed a trace chunk by chunk, ``free`` ends as its result."""
     for t in range(block.shape[0]):
         b = block[t]
         best = max(stored[b], free[b])
@@ -182,4 +191,3 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
         else:
             stored[b] = -np.inf
         free[b] = best
-    return free

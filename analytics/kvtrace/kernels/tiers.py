@@ -16,7 +16,15 @@ Row ``b`` also holds the block's state and size, so what an access reads shares 
 64-byte cache line (:func:`_state`). Memory: ``16 x S x (M + 1)`` bytes with S =
 ``2 + N x (1 + has_local) + has_flash`` rounded up to a multiple of 4: 64 bytes per
 distinct block for one node (N <= 64 nodes: at most ~2 KB per distinct block).
-Block, access and request indices are int32 (< 2**31).
+Block and request indices are int32 (< 2**31); access indices are local to a chunk.
+
+Chunks
+------
+:class:`TierSimulator` carries all of this state between calls, so a trace can be fed
+in chunks of whole requests (:mod:`kvtrace.stream`: the accesses never all in memory)
+with the results of one call over the whole trace, bit for bit: what a later access
+needs of an earlier one (the request and the admission inputs of the block's last
+access) is kept per block, and the per-chunk float sums are sums of integers.
 
 Decisions
 ---------
@@ -65,9 +73,9 @@ being touched):
 - ``ALL`` / ``NONE``;
 - ``FREQ``: accesses of the block so far >= k;
 - ``PROB``: ``mix64(b ^ PROB_SEED) / 2**64 < p`` (a fixed coin per block id);
-- ``IDLE``: now - arrival of the last access < T seconds;
-- ``VALUE``: ``values[last access] >= v``;
-- ``ORACLE``: ``oracle_ok[last access]`` (:func:`reuse_oracle_flags`);
+- ``IDLE``: now - arrival of the last access's request < T seconds;
+- ``VALUE``: ``values[last access] >= v`` (kept per block);
+- ``ORACLE``: ``oracle_ok[last access]`` (:func:`reuse_oracle_flags`; kept per block);
 - ``TINYLFU``: admit if the tier has room, else iff the sketch estimate of the block is
   strictly greater than that of the tier's next victim (its least-recent / oldest
   block). Count-min sketch of 4 rows of width W (a power of two), blocked like
@@ -132,10 +140,12 @@ N_FP = 1
 
 # slots of a block's row: its state, its constants, then its entry in list L >= _LIST0
 _STAT, _INFO, _LIST0 = 0, 1, 2
-_SIZE = 0  # field of _INFO: tokens the block occupies
-# fields of a list entry / of the block state
+# fields of _INFO: tokens the block occupies, oracle flag of its last access
+_SIZE, _ORACLE = 0, 1
+# fields of a list entry / of the block state (request of the last access, accesses so
+# far, first request, chunk-local index of its first occurrence in the current group)
 _PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
-_TLAST, _COUNT, _FIRST_REQ, _HEAD = 0, 1, 2, 3
+_RLAST, _COUNT, _FIRST_REQ, _HEAD = 0, 1, 2, 3
 ABSENT = -1
 
 PROB_SEED = 0x5851F42D4C957F2D
@@ -293,29 +303,28 @@ def _unlink(st, L, b):
 
 
 @njit(**NJIT_INLINE)
-def _admit(v, X, now, ip, fp, st, used, cap, request, req_ts, req_group, gstat, values, oracle_ok, sketch):
+def _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch):
     policy = ip[I_POLICY]
     if policy == P_ALL:
         return True
     if policy == P_NONE:
         return False
-    t = st[v, _STAT, _TLAST]
     if policy == P_FREQ:
         return st[v, _STAT, _COUNT] >= ip[I_PARAM]
     if policy == P_PROB:
         return _unit_hash(v) < fp[F_PARAM]
     if policy == P_IDLE:
-        return now - req_ts[request[t]] < fp[F_PARAM]
+        return now - req_ts[st[v, _STAT, _RLAST]] < fp[F_PARAM]
     if policy == P_VALUE:
-        return values[t] >= fp[F_PARAM]
+        return last_val[v] >= fp[F_PARAM]
     if policy == P_ORACLE:
-        return oracle_ok[t] != 0
+        return st[v, _INFO, _ORACLE] != 0
     if policy == P_TINYLFU:
         if used[X] + st[v, _INFO, _SIZE] <= cap[X]:
             return True
         M = st.shape[0] - 1
         return _sketch_estimate(sketch, v) > _sketch_estimate(sketch, st[M, X, _NEXT])
-    g = req_group[request[t]]
+    g = req_group[st[v, _STAT, _RLAST]]
     return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
 
 
@@ -337,22 +346,21 @@ def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist):
 
 
 @njit(**NJIT_INLINE)
-def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, request, req_ts, req_group,
-               gstat, values, oracle_ok, sketch, cnt, sums):
+def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch,
+               cnt, sums):
     """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
     if st[v, X, _PREV] != ABSENT:
         return False
     s = st[v, _INFO, _SIZE]
     if s > cap[X]:
         return False
-    val = values[st[v, _STAT, _TLAST]] if ip[I_HAS_VALUES] else 0.0
+    val = last_val[v] if ip[I_HAS_VALUES] else 0.0
     if meas:
         cnt[C_OFFER + tier] += 1
         cnt[C_OFFER_TOK + tier] += s
         if val > 0:
             sums[S_VALUE_BOUND] += val
-    if not _admit(v, X, now, ip, fp, st, used, cap, request, req_ts, req_group, gstat, values,
-                  oracle_ok, sketch):
+    if not _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch):
         return False
     M = st.shape[0] - 1
     _link_mru(st, X, v, M)
@@ -370,7 +378,8 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, request, req_ts
 def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch):
     """Prefetch the rows (and sketch groups) of request r + 2's blocks, and the list
     neighbours of request r + 1's blocks (rows prefetched one request ago), which its
-    pins will unlink. Hints only: neighbours may change before then, results never do."""
+    pins will unlink (r local to the chunk; ``req_node`` the chunk's). Hints only:
+    neighbours may change before then, results never do."""
     n_req = req_start.shape[0] - 1
     if r + 2 < n_req:
         for t in range(req_start[r + 2], min(req_start[r + 3], req_start[r + 2] + _PREFETCH_MAX)):
@@ -393,11 +402,14 @@ def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use
 
 
 @njit(**NJIT)
-def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, req_group, values,
-              oracle_ok, ip, fp, cap, st, used, gstat, sketch, sk_ops,
+def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_group, values,
+              oracle_ok, ip, fp, cap, st, used, gstat, last_val, sketch, sk_ops,
               decision, req_level, req_out, cnt, sums, hist):
-    """Replay every request: a forward pass over each touch group decides, pins and
-    accounts its accesses, a backward pass inserts them into DRAM (module docstring).
+    """Replay a chunk of whole requests: a forward pass over each touch group decides,
+    pins and accounts its accesses, a backward pass inserts them into DRAM (module
+    docstring). Access arrays (``block`` .. ``pos``, ``values``, ``oracle_ok``,
+    ``decision``) and ``req_start`` are the chunk's; per-request arrays are the whole
+    trace's, the chunk's request r being trace request ``r0 + r``.
 
     The pins of pass 1 run forward here, at each block's first occurrence, after its
     decision: a pin changes only the pinned block's own entries, and a repeat copies
@@ -435,17 +447,21 @@ def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, 
     for r in range(n_req):
         longest = max(longest, req_start[r + 1] - req_start[r])
     since_buf = np.empty(longest, dtype=np.int32)  # per first occurrence: last touch in the serving tier
+    has_values = ip[I_HAS_VALUES] != 0
+    has_oracle = policy == P_ORACLE
+    chunk_node = req_node[r0:r0 + n_req]
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
-        _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch)
-        n = req_node[r]
+        _prefetch_ahead(r, block, req_start, chunk_node, st, F, has_flash, sketch, use_sketch)
+        rg = r0 + r  # the trace's request index
+        n = req_node[rg]
         D = _LIST0 + n
         Lc = local0 + n
         first_flash = Lc if has_local else (F if has_flash else -1)
-        now = req_ts[r]
-        nq = req_tq[r]
-        meas = r >= first_measured
+        now = req_ts[rg]
+        nq = req_tq[rg]
+        meas = rg >= first_measured
         # the request's usable / reusable prefix (accounting)
         usable = True
         reusable = True
@@ -473,24 +489,28 @@ def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, 
             for t in range(a, z):
                 b = block[t]
                 s = st[b, _INFO, _SIZE]
-                tl = st[b, _STAT, _TLAST]
+                tl = st[b, _STAT, _RLAST]
                 if use_groups:
                     if tl >= 0:
-                        gstat[req_group[request[tl]], 1] += 1
-                    gstat[req_group[r], 0] += 1
+                        gstat[req_group[tl], 1] += 1
+                    gstat[req_group[rg], 0] += 1
                 first_req = st[b, _STAT, _FIRST_REQ]
                 if prefix_aware:
-                    cold = first_req < 0 or first_req == r
+                    cold = first_req < 0 or first_req == rg
                 else:
                     cold = st[b, _STAT, _COUNT] == 0
                 st[b, _STAT, _COUNT] += 1
-                st[b, _STAT, _TLAST] = t
+                st[b, _STAT, _RLAST] = rg
+                if has_values:
+                    last_val[b] = values[t]
+                if has_oracle:
+                    st[b, _INFO, _ORACLE] = oracle_ok[t]
                 if first_req < 0:
-                    st[b, _STAT, _FIRST_REQ] = r
+                    st[b, _STAT, _FIRST_REQ] = rg
                 if use_sketch:
                     _sketch_add(sketch, sk_ops, b)
-                head = st[b, _STAT, _HEAD]
-                if head >= a:  # a repeat in this group: decided (and pinned) at its first occurrence
+                if prefix_aware and tl == rg:  # a repeat in this group: decided (and pinned) at its first occurrence
+                    head = st[b, _STAT, _HEAD]
                     d = decision[head] & 3
                     since = since_buf[head - lo]
                 else:
@@ -615,9 +635,8 @@ def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, 
                         tier = first_tier
                         while True:
                             if cand >= 0:
-                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, st, used, cap, request,
-                                                   req_ts, req_group, gstat, values, oracle_ok, sketch,
-                                                   cnt, sums)
+                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts,
+                                                   req_group, gstat, last_val, sketch, cnt, sums)
                                 cand = -1
                                 if wrote and tier == 2:
                                     while used[F] > cap[F]:
@@ -642,18 +661,18 @@ def _simulate(block, tokens, pos, req_start, request, req_ts, req_tq, req_node, 
             pre[level, 1] += p_tok
             pre[level, 2] += p_size
             pre[level, 3] += p_q
-        req_out[r, R_SRC] = src_d
-        req_out[r, R_SRC + 1] = src_l
-        req_out[r, R_SRC + 2] = src_f
-        req_out[r, R_FL_TOK] = fl_tok
-        req_out[r, R_FL_Q] = fl_q
-        req_out[r, R_MISS_TOK] = miss_tok
-        req_out[r, R_MISS_Q] = miss_q
+        req_out[rg, R_SRC] = src_d
+        req_out[rg, R_SRC + 1] = src_l
+        req_out[rg, R_SRC + 2] = src_f
+        req_out[rg, R_FL_TOK] = fl_tok
+        req_out[rg, R_FL_Q] = fl_q
+        req_out[rg, R_MISS_TOK] = miss_tok
+        req_out[rg, R_MISS_Q] = miss_q
         # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
         if hi > lo and (decision[lo] & 3) != MISS:
             branch = level
-        req_level[r] = branch
+        req_level[rg] = branch
         if meas:
             acc[5, branch] += 1.0
     for lv in range(3):
@@ -731,11 +750,15 @@ def quantise_times(req_ts):
 
 
 class TierRun(NamedTuple):
-    """Raw outputs of :func:`simulate_tiers`.
+    """Raw outputs of :func:`simulate_tiers` / :meth:`TierSimulator.finish`.
 
-    decision : int8[N] — DRAM/LOCAL/FLASH/MISS of every access (warm-up included).
+    decision : int8[N] — DRAM/LOCAL/FLASH/MISS of every access (warm-up included);
+        None for a run fed in chunks (each chunk's decisions were returned by
+        :meth:`TierSimulator.feed`).
     cold : bool[N] — first access of the block (prefix-aware: not touched by an
-        earlier request); the reusable prefix ends at the first cold access.
+        earlier request); the reusable prefix ends at the first cold access. None for
+        a run fed in chunks.
+    req_first : int8[R] — decision of each request's first access (MISS if empty).
     req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
         the usable prefix is empty).
     req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included).
@@ -746,8 +769,9 @@ class TierRun(NamedTuple):
         (:func:`quantise_times`).
     """
 
-    decision: np.ndarray
-    cold: np.ndarray
+    decision: np.ndarray | None
+    cold: np.ndarray | None
+    req_first: np.ndarray
     req_level: np.ndarray
     req_out: np.ndarray
     counts: dict
@@ -765,8 +789,9 @@ def _aligned_zeros(n: int) -> np.ndarray:
 
 def _state(size, n_lists: int) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
-    ``_STAT``: last access, access count, first request, head of its touch group), its
-    constants (slot ``_INFO``: tokens it occupies) and its entry in each list (slot
+    ``_STAT``: request of its last access, access count, first request, head of its
+    touch group), its constants and admission inputs (slot ``_INFO``: tokens it
+    occupies, oracle flag of its last access) and its entry in each list (slot
     ``_LIST0 + L``: prev, next, insert time, last-touch time; prev = ``ABSENT`` when
     not in the list). Row M is every list's sentinel. One row per block keeps what an
     access or an eviction reads of a block in one cache line (rows of 4 slots are 64
@@ -782,22 +807,171 @@ def _state(size, n_lists: int) -> np.ndarray:
     st = buf.view(np.int32).reshape(n_blocks + 1, slots, 4)
     st[:, _STAT, _COUNT] = 0
     st[:n_blocks, _INFO, _SIZE] = size
+    st[:, _INFO, _ORACLE] = 0
     st[n_blocks, _LIST0:, _PREV] = n_blocks
     st[n_blocks, _LIST0:, _NEXT] = n_blocks
     return st
 
 
-def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
-                   dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
-                   write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16) -> TierRun:
-    """Run the tier simulation over a whole trace (see the module docstring).
+class TierSimulator:
+    """The tier simulation, fed whole requests in order, one chunk or many.
+
+    All state (tiers, block rows, sketch, counters, per-request outputs) lives here
+    between :meth:`feed` calls, so feeding a trace in chunks gives the results of one
+    call over the whole trace, bit for bit (module docstring, "Chunks"). Memory:
+    the block rows (:func:`_state`), 8 bytes per block with ``has_values``, and the
+    per-request arrays (about 70 bytes per request); nothing per access beyond the
+    chunk being fed.
 
     Parameters
     ----------
-    block, request, tokens, pos : int[N]
-        Canonical access table columns (dense block id, request row, access tokens,
-        block position in its request).
+    size : int64[M]
+        Tokens each block occupies in a cache.
+    req_ts : float64[R]
+        Request arrival, seconds (the whole trace's).
+    req_node : int[R]
+        Node serving each request, 0..n_nodes-1.
+    block_tokens, prefix_aware, dram, local, flash, n_nodes, policy, param, flash_lru,
+    promotion, write_through, first_measured, req_group, n_groups, sketch_width :
+        As for :func:`simulate_tiers`.
+    has_values : bool
+        Chunks come with per-access values (the ``VALUE`` policy and the value sums).
+    """
+
+    def __init__(self, size, req_ts, req_node, *, block_tokens, prefix_aware, dram, local, flash, n_nodes,
+                 policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE, write_through=False,
+                 first_measured=0, req_group=None, n_groups=1, has_values=False, sketch_width=16) -> None:
+        size = np.ascontiguousarray(size, dtype=np.int64)
+        M = size.shape[0]
+        N = int(n_nodes)
+        req_ts = np.ascontiguousarray(req_ts, dtype=np.float64)
+        n_req = req_ts.shape[0]
+        has_local = int(local) > 0
+        has_flash = int(flash) > 0
+        n_lists = N * (1 + int(has_local)) + int(has_flash)
+        # capacity of each list (from _LIST0: DRAM per node, local SSD per node, shared flash)
+        cap = np.zeros(_LIST0 + n_lists, dtype=np.int64)
+        cap[_LIST0:_LIST0 + N] = int(dram)
+        if has_local:
+            cap[_LIST0 + N:_LIST0 + 2 * N] = int(local)
+        if has_flash:
+            cap[-1] = int(flash)
+        if M + 1 >= 2**31:
+            raise ValueError("the tier simulator indexes blocks with int32: at most 2**31 - 2 distinct blocks")
+        if n_req >= 2**31 - 1:
+            raise ValueError("the tier simulator indexes requests with int32: at most 2**31 - 2")
+        if M and (int(size.max()) >= 2**31 or int(size.min()) < 0):
+            raise ValueError("block sizes must be 0..2**31 - 1 tokens")
+        self.st = _state(size, n_lists)
+        ip = np.zeros(N_IP, dtype=np.int64)
+        ip[I_POLICY] = int(policy)
+        ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
+        ip[I_NODES] = N
+        ip[I_HAS_LOCAL] = int(has_local)
+        ip[I_HAS_FLASH] = int(has_flash)
+        ip[I_FLASH_LRU] = int(bool(flash_lru))
+        ip[I_PROMOTION] = int(promotion)
+        ip[I_WRITE_THROUGH] = int(bool(write_through))
+        ip[I_PREFIX] = int(bool(prefix_aware))
+        ip[I_FIRST_MEASURED] = int(first_measured)
+        ip[I_HAS_VALUES] = int(bool(has_values))
+        ip[I_BLOCK_TOKENS] = int(block_tokens)
+        self.fp = np.zeros(N_FP, dtype=np.float64)
+        self.fp[F_PARAM] = float(param)
+        use_sketch = int(policy) == P_TINYLFU
+        width = int(sketch_width) if use_sketch else 1
+        if width < 1 or width & (width - 1):
+            raise ValueError("the sketch width must be a power of two")
+        g = min(16, width)
+        self.sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
+        self.sk_ops = np.zeros(1, dtype=np.int64)
+        self.gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
+        self.req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
+                          else np.ascontiguousarray(req_group, dtype=np.int32))
+        self.last_val = np.zeros(M if has_values else 0, dtype=np.float64)
+        self.req_first = np.full(n_req, MISS, dtype=np.int8)
+        self.req_level = np.full(n_req, MISS, dtype=np.int8)
+        self.req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
+        self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
+        self.sums = np.zeros(N_SUMS, dtype=np.float64)
+        self.hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
+        self.req_ts = req_ts
+        self.req_tq, self.shift = quantise_times(req_ts)
+        ip[I_TIME_SHIFT] = self.shift
+        self.ip = ip
+        self.cap = cap
+        self.used = np.zeros(_LIST0 + n_lists, dtype=np.int64)
+        self.req_node = np.ascontiguousarray(req_node, dtype=np.int64)
+        self.next_request = 0  # the next chunk starts here
+
+    def feed(self, block, tokens, pos, req_start, values=None, oracle_ok=None) -> np.ndarray:
+        """Simulate the next requests: returns their accesses' decisions, int8 with
+        :data:`COLD_FLAG` added to a cold access's.
+
+        Parameters
+        ----------
+        block, tokens, pos : int[n]
+            The chunk's accesses (dense block id, access tokens, position in request).
+        req_start : int64[k + 1]
+            Offsets of the chunk's k requests in those arrays (from 0); they are the
+            trace's requests ``next_request`` .. ``next_request + k - 1``.
+        values : float64[n], optional
+            Per-access values (required iff ``has_values``).
+        oracle_ok : int8[n], optional
+            :func:`reuse_oracle_flags` of the chunk's accesses (required by ``ORACLE``).
+        """
+        block = np.ascontiguousarray(block, dtype=np.int64)
+        req_start = np.ascontiguousarray(req_start, dtype=np.int64)
+        n_acc = block.shape[0]
+        k = req_start.shape[0] - 1
+        r0 = self.next_request
+        if r0 + k > self.req_first.shape[0]:
+            raise ValueError("more requests fed than the simulator was built for")
+        if n_acc >= 2**31 - 1:
+            raise ValueError("the tier simulator indexes a chunk's accesses with int32: at most 2**31 - 2")
+        if self.ip[I_HAS_VALUES]:
+            if values is None or np.shape(values) != (n_acc,):
+                raise ValueError("the value policy needs one value per access")
+            values = np.ascontiguousarray(values, dtype=np.float64)
+        else:
+            values = np.zeros(0, dtype=np.float64)
+        if self.ip[I_POLICY] == P_ORACLE:
+            if oracle_ok is None or np.shape(oracle_ok) != (n_acc,):
+                raise ValueError("the reuse-oracle policy needs one flag per access")
+            oracle_ok = np.ascontiguousarray(oracle_ok, dtype=np.int8)
+        else:
+            oracle_ok = np.zeros(0, dtype=np.int8)
+        decision = np.full(n_acc, MISS, dtype=np.int8)
+        if k > 0:
+            _simulate(block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
+                      self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
+                      self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, self.req_out,
+                      self.cnt, self.sums, self.hist)
+            nonempty = req_start[1:] > req_start[:-1]
+            self.req_first[r0:r0 + k][nonempty] = decision[req_start[:-1][nonempty]] & 3
+        self.next_request = r0 + k
+        return decision
+
+    def finish(self, decision=None, cold=None) -> TierRun:
+        """The run's outputs (per-access ``decision`` and ``cold`` as given, if any)."""
+        if self.next_request != self.req_first.shape[0]:
+            raise ValueError(f"{self.req_first.shape[0] - self.next_request} requests were never fed")
+        return TierRun(decision, cold, self.req_first, self.req_level, self.req_out,
+                       dict(zip(COUNT_NAMES, self.cnt.tolist())), dict(zip(SUM_NAMES, self.sums.tolist())),
+                       self.hist, int(self.shift))
+
+
+def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
+                   dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
+                   write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
+                   oracle_ok=None, sketch_width=16) -> TierRun:
+    """Run the tier simulation over a whole trace in memory (see the module docstring).
+
+    Parameters
+    ----------
+    block, tokens, pos : int[N]
+        Canonical access table columns (dense block id, access tokens, block position
+        in its request).
     size : int64[M]
         Tokens each block occupies in a cache.
     req_start : int64[R+1]
@@ -832,76 +1006,15 @@ def simulate_tiers(block, size, req_start, request, tokens, pos, req_ts, req_nod
     sketch_width : int
         TinyLFU sketch width (a power of two).
     """
-    block = np.ascontiguousarray(block, dtype=np.int64)
-    size = np.ascontiguousarray(size, dtype=np.int64)
     req_start = np.ascontiguousarray(req_start, dtype=np.int64)
-    n_acc = block.shape[0]
-    n_req = req_start.shape[0] - 1
-    M = size.shape[0]
-    N = int(n_nodes)
-    has_local = int(local) > 0
-    has_flash = int(flash) > 0
-    n_lists = N * (1 + int(has_local)) + int(has_flash)
-    # capacity of each list (from _LIST0: DRAM per node, local SSD per node, shared flash)
-    cap = np.zeros(_LIST0 + n_lists, dtype=np.int64)
-    cap[_LIST0:_LIST0 + N] = int(dram)
-    if has_local:
-        cap[_LIST0 + N:_LIST0 + 2 * N] = int(local)
-    if has_flash:
-        cap[-1] = int(flash)
-    if M + 1 >= 2**31:
-        raise ValueError("the tier simulator indexes blocks with int32: at most 2**31 - 2 distinct blocks")
-    if n_acc >= 2**31 - 1 or n_req >= 2**31 - 1:
-        raise ValueError("the tier simulator indexes accesses and requests with int32: at most 2**31 - 2")
-    if M and (int(size.max()) >= 2**31 or int(size.min()) < 0):
-        raise ValueError("block sizes must be 0..2**31 - 1 tokens")
-    st = _state(size, n_lists)
-    ip = np.zeros(N_IP, dtype=np.int64)
-    ip[I_POLICY] = int(policy)
-    ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
-    ip[I_NODES] = N
-    ip[I_HAS_LOCAL] = int(has_local)
-    ip[I_HAS_FLASH] = int(has_flash)
-    ip[I_FLASH_LRU] = int(bool(flash_lru))
-    ip[I_PROMOTION] = int(promotion)
-    ip[I_WRITE_THROUGH] = int(bool(write_through))
-    ip[I_PREFIX] = int(bool(prefix_aware))
-    ip[I_FIRST_MEASURED] = int(first_measured)
-    ip[I_HAS_VALUES] = int(values is not None)
-    ip[I_BLOCK_TOKENS] = int(block_tokens)
-    fp = np.zeros(N_FP, dtype=np.float64)
-    fp[F_PARAM] = float(param)
-    use_sketch = int(policy) == P_TINYLFU
-    width = int(sketch_width) if use_sketch else 1
-    if width < 1 or width & (width - 1):
-        raise ValueError("the sketch width must be a power of two")
-    g = min(16, width)
-    sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
-    gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
-    req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
-                 else np.ascontiguousarray(req_group, dtype=np.int32))
-    values = np.zeros(0, dtype=np.float64) if values is None else np.ascontiguousarray(values, dtype=np.float64)
-    oracle_ok = (np.zeros(0, dtype=np.int8) if oracle_ok is None
-                 else np.ascontiguousarray(oracle_ok, dtype=np.int8))
-    if int(policy) == P_VALUE and values.shape[0] != n_acc:
-        raise ValueError("the value policy needs one value per access")
-    if int(policy) == P_ORACLE and oracle_ok.shape[0] != n_acc:
-        raise ValueError("the reuse-oracle policy needs one flag per access")
-    decision = np.full(n_acc, MISS, dtype=np.int8)
-    req_level = np.full(n_req, MISS, dtype=np.int8)
-    req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
-    cnt = np.zeros(N_COUNTS, dtype=np.int64)
-    sums = np.zeros(N_SUMS, dtype=np.float64)
-    hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
-    req_ts = np.ascontiguousarray(req_ts, dtype=np.float64)
-    req_tq, shift = quantise_times(req_ts)
-    ip[I_TIME_SHIFT] = shift
-    if n_req > 0:
-        _simulate(block, _ints(tokens), _ints(pos), req_start, _ints(request), req_ts, req_tq,
-                  np.ascontiguousarray(req_node, dtype=np.int64), req_group, values, oracle_ok, ip, fp, cap, st,
-                  np.zeros(_LIST0 + n_lists, dtype=np.int64), gstat, sketch, np.zeros(1, dtype=np.int64),
-                  decision, req_level, req_out, cnt, sums, hist)
+    sim = TierSimulator(size, req_ts, req_node, block_tokens=block_tokens, prefix_aware=prefix_aware, dram=dram,
+                        local=local, flash=flash, n_nodes=n_nodes, policy=policy, param=param, flash_lru=flash_lru,
+                        promotion=promotion, write_through=write_through, first_measured=first_measured,
+                        req_group=req_group, n_groups=n_groups, has_values=values is not None,
+                        sketch_width=sketch_width)
+    if req_start.shape[0] - 1 != sim.req_first.shape[0]:
+        raise ValueError("req_start and req_ts disagree on the number of requests")
+    decision = sim.feed(block, tokens, pos, req_start, values, oracle_ok)
     cold = (decision & COLD_FLAG) != 0
     decision &= 3
-    return TierRun(decision, cold, req_level, req_out, dict(zip(COUNT_NAMES, cnt.tolist())),
-                   dict(zip(SUM_NAMES, sums.tolist())), hist, int(shift))
+    return sim.finish(decision, cold)

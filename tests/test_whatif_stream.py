@@ -1,0 +1,150 @@
+"""Streamed tier what-ifs (``kvtrace whatif --stream``) equal in-memory runs bit for bit.
+
+The trace is a synthetic Parquet table in many row groups and the replay is fed in
+chunks of a few thousand accesses, so every carried state (block rows, tier lists,
+sketch, group statistics, per-request outputs) crosses many chunk boundaries.
+Comparisons are exact: summary dicts with ``==``, tables with
+``assert_frame_equal(check_exact=True)``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from numpy.testing import assert_array_equal
+from polars.testing import assert_frame_equal
+from typer.testing import CliRunner
+
+import kvtrace.stream as stream_mod
+from kvtrace import synth
+from kvtrace.cli import app
+from kvtrace.ingest import load_trace
+from kvtrace.kernels import tiers as K
+from kvtrace.stream import open_stream
+from kvtrace.whatif import TierConfig, _first_blocks, _streamed_oracle_flags, _run_kernel, route, simulate, sweep
+
+KEEP = ("request_id", "session_id", "type", "tenant", "turn")
+
+
+@pytest.fixture(autouse=True)
+def small_chunks(monkeypatch):
+    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 3_000)
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory):
+    path = tmp_path_factory.mktemp("whatif_stream") / "mixed.parquet"
+    synth.write_chunked("mixed", 2_000, 11, path, "parquet", chunk_requests=300)
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(mixed):
+    return load_trace(mixed)
+
+
+@pytest.fixture()
+def streamed(mixed):
+    with open_stream(mixed, columns=KEEP) as st:
+        yield st
+
+
+def _caps(trace):
+    """DRAM and flash bytes holding 1/40 and 1/8 of the distinct blocks (Llama-3.1-8B)."""
+    total = int(trace.block_size.sum()) * 131_072
+    return total // 40, total // 8
+
+
+def assert_same_result(a, b):
+    assert a.summary == b.summary
+    assert a.info == b.info
+    assert_frame_equal(a.residency, b.residency, check_exact=True)
+    assert_frame_equal(a.requests, b.requests, check_exact=True)
+
+
+def test_many_chunks(loaded):
+    assert loaded.n_accesses > 8 * stream_mod.CHUNK_ACCESSES
+
+
+def test_first_blocks_and_routing_match(loaded, streamed):
+    assert_array_equal(_first_blocks(streamed), _first_blocks(loaded))
+    for routing in ("session", "prefix", "round-robin"):
+        assert_array_equal(route(streamed, 3, routing), route(loaded, 3, routing))
+
+
+@pytest.mark.parametrize("policy", ["all", "none", "second-hit", "prob:0.4", "idle<30s", "tinylfu",
+                                    "group:type>=0.5", "reuse-oracle"])
+@pytest.mark.parametrize("eviction", ["prefix-aware", "flat"])
+def test_each_policy_streamed_equals_in_memory(loaded, streamed, policy, eviction):
+    dram, flash = _caps(loaded)
+    cfg = TierConfig(dram, flash_bytes=flash, policy=policy)
+    want = simulate(loaded, cfg, eviction=eviction, warmup="0.1", model="Llama-3.1-8B")
+    got = simulate(streamed, cfg, eviction=eviction, warmup="0.1", model="Llama-3.1-8B")
+    assert_same_result(got, want)
+    if policy == "all":  # the capacities make both tiers matter
+        assert 0 < want.summary["h_dram_token"] and 0 < want.summary["h_flash_token"]
+
+
+@pytest.mark.parametrize("routing", ["session", "prefix", "round-robin"])
+def test_nodes_local_ssd_and_options_streamed(loaded, streamed, routing):
+    dram, flash = _caps(loaded)
+    cfg = TierConfig(dram // 3, flash_bytes=flash, local_ssd_bytes=dram // 2, nodes=3, routing=routing,
+                     policy="freq>=3", promotion="copy", write_mode="write-through", inclusive=True,
+                     flash_order="fifo")
+    assert_same_result(simulate(streamed, cfg, model="Llama-3.1-8B"), simulate(loaded, cfg, model="Llama-3.1-8B"))
+
+
+def test_value_policy_reads_values_from_a_spill_file(loaded, streamed):
+    rng = np.random.default_rng(3)
+    values = rng.normal(0.0, 1e-6, loaded.n_accesses)
+    path = streamed.spill / "test-values"
+    values.tofile(path)
+    dram, flash = _caps(loaded)
+    cfg = TierConfig(dram, flash_bytes=flash, policy="value>=0")
+    got = simulate(streamed, cfg, values=path, model="Llama-3.1-8B")
+    want = simulate(loaded, cfg, values=values, model="Llama-3.1-8B")
+    assert_same_result(got, want)
+    assert got.summary["value_bound_dollars"] > 0
+    with pytest.raises(Exception, match="float64 values"):
+        simulate(streamed, cfg, values=values[:-1].tofile(path) or path, model="Llama-3.1-8B")
+
+
+def test_oracle_flags_from_the_backward_chunk_pass(loaded, streamed, tmp_path):
+    dram, flash = _caps(loaded)
+    cfg = TierConfig(dram, flash_bytes=flash)
+    caps = (dram // 131_072, 0, flash // 131_072)  # tokens
+    node = np.zeros(loaded.n_requests, dtype=np.int64)
+    run = _run_kernel(loaded, cfg, caps, True, 0, node, cfg.parsed_policy, None)
+    decisions, flags = streamed.spill / "dec", streamed.spill / "flags"
+    _run_kernel(streamed, cfg, caps, True, 0, node, cfg.parsed_policy, None, decisions_out=decisions)
+    assert_array_equal(np.fromfile(decisions, dtype=np.int8) & 3, run.decision)
+    _streamed_oracle_flags(streamed, decisions, flags)
+    want = K.reuse_oracle_flags(loaded.accesses.block, loaded.n_blocks, run.decision)
+    assert_array_equal(np.fromfile(flags, dtype=np.int8), want)
+    assert want.any() and not want.all()
+
+
+def test_streamed_sweep_in_two_processes_equals_serial(loaded, streamed):
+    dram, flash = _caps(loaded)
+    configs = [TierConfig(d, flash_bytes=flash, policy=p) for d in (dram // 2, dram) for p in ("all", "tinylfu")]
+    want = sweep(loaded, configs, workers=1, model="Llama-3.1-8B")
+    assert_frame_equal(sweep(streamed, configs, workers=2, model="Llama-3.1-8B"), want, check_exact=True)
+
+
+def test_cli_whatif_stream_equals_no_stream(mixed):
+    runner = CliRunner()
+    args = ["whatif", str(mixed), "--dram", "2GiB", "--flash", "16GiB", "--policy", "all,second-hit,reuse-oracle,value>=0",
+            "--nodes", "2", "--model", "Llama-3.1-8B", "--json", "-"]
+    streamed = runner.invoke(app, args + ["--stream"])
+    assert streamed.exit_code == 0, streamed.output
+    in_memory = runner.invoke(app, args + ["--no-stream"])
+    assert in_memory.exit_code == 0, in_memory.output
+    assert json.loads(streamed.stdout) == json.loads(in_memory.stdout)
+
+
+def test_the_replay_really_runs_in_many_chunks(streamed):
+    chunks = list(streamed._chunks())
+    assert len(chunks) > 8
+    assert max(hi - lo for _, _, lo, hi in chunks) < 2 * stream_mod.CHUNK_ACCESSES
