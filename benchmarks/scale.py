@@ -1,4 +1,4 @@
-"""Scale: a trace larger than RAM on one machine (streaming), and Dask with 1 vs 2 workers.
+"""Scale: a trace larger than RAM on one machine (streamed curve, whatif, value, stats), and Dask.
 
 Issue targets and how each figure is taken:
 
@@ -10,18 +10,26 @@ Issue targets and how each figure is taken:
 2. the same with ``--sample-rate 0.01``: time, RSS, and its error against the exact
    curve of run 1 (same default grid: mean and max abs error of the usable-prefix
    token hit rate), next to the error it reports;
-3. Dask, 1 vs 2 workers on the same ~30M-access trace: ``kvtrace curve --engine dask
+3. the same trace through ``kvtrace whatif --stream --dram 2TiB --flash 16TiB --policy all``
+   (one configuration, so one worker) with peak RSS <= 6 GB: time, RSS and accesses / wall
+   time as in run 1 (accesses: the run's ``measured_accesses``), and the configuration's
+   usable-prefix token shares ``h_dram_token`` / ``h_flash_token`` from its ``--json``;
+4. the same trace through ``kvtrace value --stream`` (default horizon 1h) with peak RSS
+   <= 6 GB: time, RSS and accesses / wall time (accesses: the summary's ``accesses``);
+5. the same trace through ``kvtrace stats --stream`` with peak RSS <= 6 GB: time, RSS and
+   accesses / wall time (accesses: the summary's ``block_accesses``);
+6. Dask, 1 vs 2 workers on the same ~30M-access trace: ``kvtrace curve --engine dask
    --partitions 2 --workers W`` (P fixed, so both runs give the same estimate and only
    the speed differs), speed-up, the error against the exact in-memory curve and the
    error bound the run reports; the exact single-process curve's time alongside;
-4. an estimate for a 10B-access trace on a 16-node cluster from the measured
+7. an estimate for a 10B-access trace on a 16-node cluster from the measured
    per-worker throughput (end to end of the 2-worker run, per worker) and the
    per-access memory of a partition task (:func:`kvtrace.distributed.estimate_cluster`).
 
 Run from the repository root (the 300M trace takes ~3 min to generate and 765 MB)::
 
     python benchmarks/scale.py [--accesses 300000000] [--dask-accesses 30000000] [--keep]
-                               [--skip-sampled] [--skip-dask]
+                               [--skip-stream] [--skip-sampled] [--skip-tools] [--skip-dask]
 """
 
 from __future__ import annotations
@@ -37,7 +45,8 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Report, bench_dir, command_text, fmt_bytes, fmt_rate, run_kvtrace, synth_trace  # noqa: E402
+from common import (ChildRun, Report, bench_dir, command_text, fmt_bytes, fmt_rate, run_kvtrace,  # noqa: E402
+                    synth_trace)
 
 RSS_TARGET = 6e9  # bytes (decimal GB)
 RATE = 0.01
@@ -45,6 +54,7 @@ HEADLINE = "prefix_token_hit_rate"
 BIG = 10_000_000_000  # accesses of the extrapolated fleet trace
 NODES = 16
 WORKERS_PER_NODE = 1  # one partition task per node in the estimate (see the note it prints)
+WHATIF_DRAM, WHATIF_FLASH = "2TiB", "16TiB"  # one configuration of figure 3
 
 
 def curve_errors(exact: pl.DataFrame, approx: pl.DataFrame) -> tuple[float, float]:
@@ -60,8 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accesses", type=int, default=300_000_000, help="accesses of the streamed trace (300M)")
     ap.add_argument("--dask-accesses", type=int, default=30_000_000, help="accesses of the Dask trace (30M)")
     ap.add_argument("--keep", action="store_true", help="reuse cached trace files when present")
-    ap.add_argument("--skip-stream", action="store_true", help="skip the streamed runs (1 and 2)")
+    ap.add_argument("--skip-stream", action="store_true", help="skip the streamed curve runs (1 and 2)")
     ap.add_argument("--skip-sampled", action="store_true", help="skip the --sample-rate run")
+    ap.add_argument("--skip-tools", action="store_true", help="skip the streamed whatif, value and stats runs (3-5)")
     ap.add_argument("--skip-dask", action="store_true", help="skip the Dask runs")
     args = ap.parse_args(argv)
     reproduce = shlex.join(["python", "benchmarks/scale.py", "--accesses", str(args.accesses), "--dask-accesses",
@@ -69,29 +80,40 @@ def main(argv: list[str] | None = None) -> int:
     out = bench_dir()
     r = Report("scale: streaming a trace larger than RAM, and Dask", reproduce)
 
-    if not args.skip_stream:
-        streamed_runs(r, args, out)
+    if not (args.skip_stream and args.skip_tools):
+        big = synth_trace("chat", args.accesses, "parquet", keep=args.keep)
+        if not args.skip_stream:
+            streamed_runs(r, args, out, big)
+        if not args.skip_tools:
+            tool_runs(r, out, big, trace_row=args.skip_stream)
     if not args.skip_dask:
         dask_runs(r, args, out)
     r.note("Peak RSS is the child's ru_maxrss (os.wait4): for a Dask run, the largest single process "
-           "(client or worker); GB = 1e9 bytes. Streamed runs spill 12 bytes per access to the temporary "
+           "(client or worker); GB = 1e9 bytes. Streamed curve runs spill 12 bytes per access to the temporary "
            "directory.")
     r.print()
     return 0
 
 
-def streamed_runs(r: Report, args, out: Path) -> None:
+def add_trace_row(r: Report, big: tuple[Path, list[str], float | None], requests: int, accesses: int,
+                  distinct_blocks: int) -> None:
+    """The big trace's size, with the command that generated it."""
+    path, synth_args, gen_s = big
+    r.add("trace", f"{requests:,} requests, {accesses:,} block accesses, {distinct_blocks:,} "
+          f"distinct blocks, {fmt_bytes(path.stat().st_size)} Parquet"
+          + ("" if gen_s is None else f" (generated in {gen_s:.0f} s)"), command=command_text(synth_args))
+
+
+def streamed_runs(r: Report, args, out: Path, big: tuple[Path, list[str], float | None]) -> None:
     """Figures 1 and 2: the big trace, exact and sampled, streamed."""
-    path, synth_args, gen_s = synth_trace("chat", args.accesses, "parquet", keep=args.keep)
+    path = big[0]
     exact_out, exact_json = out / f"{path.stem}.curve.parquet", out / f"{path.stem}.curve.json"
     curve_args = ["curve", str(path), "--out", str(exact_out), "--json", str(exact_json)]
     run = run_kvtrace(curve_args)
     info = json.loads(exact_json.read_text())["info"]
     n = int(info["measured_accesses"])
     streamed = "streaming" in run.stderr
-    r.add("trace", f"{info['measured_requests']:,} requests, {n:,} block accesses, {info['distinct_blocks']:,} "
-          f"distinct blocks, {fmt_bytes(path.stat().st_size)} Parquet"
-          + ("" if gen_s is None else f" (generated in {gen_s:.0f} s)"), command=command_text(synth_args))
+    add_trace_row(r, big, int(info["measured_requests"]), n, int(info["distinct_blocks"]))
     r.add("kvtrace curve chose streaming by itself", "yes" if streamed else "NO", "yes", streamed,
           command_text(curve_args))
     r.add("kvtrace curve (exact, streamed), end to end", f"{run.seconds:.1f} s = {fmt_rate(n / run.seconds)}",
@@ -120,8 +142,45 @@ def streamed_runs(r: Report, args, out: Path) -> None:
               f"{est['mean_standard_error']:.4f} / {est['max_standard_error']:.4f}", command=command_text(s_args))
 
 
+def tool_runs(r: Report, out: Path, big: tuple[Path, list[str], float | None], *, trace_row: bool) -> None:
+    """Figures 3, 4 and 5: whatif, value and stats on the big trace, streamed.
+
+    ``--stream`` forces the streamed path whatever this machine's memory (figure 1 checks
+    the automatic choice), so a smaller trace measures the same code. Each command's
+    accesses come from its own JSON. ``trace_row``: add the trace's size row from the
+    stats run (when the curve runs, which add it, were skipped).
+    """
+    path = big[0]
+    w_json, v_json, s_json = (out / f"{path.stem}.{tool}.json" for tool in ("whatif", "value", "stats"))
+    w_args = ["whatif", str(path), "--stream", "--dram", WHATIF_DRAM, "--flash", WHATIF_FLASH, "--policy", "all",
+              "--json", str(w_json)]
+    v_args = ["value", str(path), "--stream", "--json", str(v_json)]
+    s_args = ["stats", str(path), "--stream", "--json", str(s_json)]
+    wrun, vrun, srun = run_kvtrace(w_args), run_kvtrace(v_args), run_kvtrace(s_args)
+    (config,) = json.loads(w_json.read_text())["configs"]
+    value_summary = json.loads(v_json.read_text())["summary"]
+    stats_summary = json.loads(s_json.read_text())["summary"]
+    if trace_row:
+        add_trace_row(r, big, int(stats_summary["requests"]), int(stats_summary["block_accesses"]),
+                      int(stats_summary["distinct_blocks"]))
+    add_run_rows(r, f"kvtrace whatif --dram {WHATIF_DRAM} --flash {WHATIF_FLASH} --policy all (streamed)", wrun,
+                 int(config["measured_accesses"]), w_args)
+    r.add("whatif usable-prefix token shares, h_dram_token / h_flash_token",
+          f"{config['h_dram_token']:.4f} / {config['h_flash_token']:.4f}", command=command_text(w_args))
+    add_run_rows(r, "kvtrace value (streamed)", vrun, int(value_summary["accesses"]), v_args)
+    add_run_rows(r, "kvtrace stats (streamed)", srun, int(stats_summary["block_accesses"]), s_args)
+
+
+def add_run_rows(r: Report, name: str, run: ChildRun, accesses: int, args: list[str]) -> None:
+    """End-to-end time and rate of one child run, and its peak RSS against the target."""
+    r.add(f"{name}, end to end", f"{run.seconds:.1f} s = {fmt_rate(accesses / run.seconds)}",
+          command=command_text(args))
+    r.add(f"{name}, peak RSS", fmt_bytes(run.peak_rss_bytes), f"<= {fmt_bytes(RSS_TARGET)}",
+          run.peak_rss_bytes <= RSS_TARGET, command_text(args))
+
+
 def dask_runs(r: Report, args, out: Path) -> None:
-    """Figures 3 and 4: Dask, 1 vs 2 workers with P fixed, and the 10B estimate."""
+    """Figures 6 and 7: Dask, 1 vs 2 workers with P fixed, and the 10B estimate."""
     dpath, dsynth, _ = synth_trace("chat", args.dask_accesses, "parquet", keep=args.keep)
     e_out, e_json = out / f"{dpath.stem}.exact.parquet", out / f"{dpath.stem}.exact.json"
     e_args = ["curve", str(dpath), "--no-stream", "--out", str(e_out), "--json", str(e_json)]
@@ -157,7 +216,7 @@ def dask_runs(r: Report, args, out: Path) -> None:
     err = np.abs(runs[2][1][HEADLINE].to_numpy() - exact30[HEADLINE].to_numpy())
     r.add("capacities where the error exceeds the bound", f"{int((err > bound + 1e-12).sum())} of {err.size}",
           "0", bool((err <= bound + 1e-12).all()))
-    # 4. 10B accesses on 16 nodes, from the measured per-worker throughput
+    # 7. 10B accesses on 16 nodes, from the measured per-worker throughput
     from kvtrace.distributed import estimate_cluster
 
     alone = dn / runs[1][0].seconds  # one worker with the machine to itself, as on a node of its own

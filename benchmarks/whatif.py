@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--accesses", type=int, default=30_000_000, help="block accesses of the trace (default 30M)")
     ap.add_argument("--keep", action="store_true", help="reuse the cached trace file when present")
-    ap.add_argument("--repeat", type=int, default=2, help="single-configuration timings: best of this many")
+    ap.add_argument("--repeat", type=int, default=3, help="single-configuration timings: best of this many")
     args = ap.parse_args(argv)
     reproduce = shlex.join(["python", "benchmarks/whatif.py", "--accesses", str(args.accesses), "--keep"])
 

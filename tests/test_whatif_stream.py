@@ -116,7 +116,7 @@ def test_oracle_flags_from_the_backward_chunk_pass(loaded, streamed, tmp_path):
     cfg = TierConfig(dram, flash_bytes=flash)
     caps = (dram // 131_072, 0, flash // 131_072)  # tokens
     node = np.zeros(loaded.n_requests, dtype=np.int64)
-    run = _run_kernel(loaded, cfg, caps, True, 0, node, cfg.parsed_policy, None)
+    run = _run_kernel(loaded, cfg, caps, True, 0, node, cfg.parsed_policy, None, keep_decisions=True)
     decisions, flags = streamed.spill / "dec", streamed.spill / "flags"
     _run_kernel(streamed, cfg, caps, True, 0, node, cfg.parsed_policy, None, decisions_out=decisions)
     assert_array_equal(np.fromfile(decisions, dtype=np.int8) & 3, run.decision)

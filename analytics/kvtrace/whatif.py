@@ -560,10 +560,11 @@ def _values_array(values, n: int) -> np.ndarray | Path | None:
 
 def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int,
                 node, policy, values, oracle_ok=None, group=None, n_groups=1, decisions_out: Path | None = None,
-                progress=None) -> K.TierRun:
+                progress=None, keep_decisions: bool = False) -> K.TierRun:
     """One replay. A streamed trace is fed chunk by chunk (``values`` and
     ``oracle_ok`` then name spill files; ``decisions_out``, if given, receives the
-    int8 decisions); an in-memory one in one call (arrays)."""
+    int8 decisions); an in-memory one in one call (arrays; the per-access decisions
+    and cold flags are returned with ``keep_decisions``)."""
     a = trace.accesses
     d, loc, fl = tokens_cap
     width = K.sketch_width(fl + config.nodes * loc, trace.meta.block_tokens, trace.n_blocks)
@@ -576,6 +577,8 @@ def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, pr
     )
     if not isinstance(trace, StreamedTrace):
         decision = sim.feed(a.block, a.tokens, a.pos, a.req_start, values, oracle_ok)
+        if not keep_decisions:
+            return sim.finish()
         cold = (decision & K.COLD_FLAG) != 0
         decision &= 3
         return sim.finish(decision, cold)
@@ -675,7 +678,8 @@ def simulate(
             finally:
                 decisions.unlink(missing_ok=True)
         else:
-            first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None)
+            first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None,
+                                keep_decisions=True)
             oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
     try:
         run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,

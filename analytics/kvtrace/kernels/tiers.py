@@ -120,6 +120,7 @@ from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
 from .bits import bit_length
+from .memory import empty_table, zeros_table
 from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
@@ -140,8 +141,9 @@ N_FP = 1
 
 # slots of a block's row: its state, its constants, then its entry in list L >= _LIST0
 _STAT, _INFO, _LIST0 = 0, 1, 2
-# fields of _INFO: tokens the block occupies, oracle flag of its last access
-_SIZE, _ORACLE = 0, 1
+# fields of _INFO: tokens the block occupies, oracle flag of its last access, its
+# TinyLFU sketch group and offset bits
+_SIZE, _ORACLE, _SK_GRP, _SK_OFF = 0, 1, 2, 3
 # fields of a list entry / of the block state (request of the last access, accesses so
 # far, first request, chunk-local index of its first occurrence in the current group)
 _PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
@@ -152,6 +154,7 @@ PROB_SEED = 0x5851F42D4C957F2D
 SKETCH_SEED = 0x2545F4914F6CDD1D
 SKETCH_MAX = 15
 SKETCH_RESET_FACTOR = 10
+_SK_OPS, _SK_VICTIM, _SK_EST = 0, 1, 2  # slots of the sketch bookkeeping array
 _PREFETCH_MAX = 64  # blocks of a request prefetched ahead
 
 #: Integer counters (measured period), in order: decisions per tier (block accesses),
@@ -239,32 +242,60 @@ def _sketch_slots(b, sketch):
     return grp, h >> np.uint64(32)
 
 
+@njit(**NJIT)
+def _init_sketch_keys(st, sketch):
+    """Store each block's sketch group and the 16 offset bits of its hash in its row
+    (``_INFO`` fields ``_SK_GRP``, ``_SK_OFF``), read with the row at every access."""
+    for b in range(st.shape[0] - 1):
+        grp, h2 = _sketch_slots(b, sketch)
+        st[b, _INFO, _SK_GRP] = grp
+        st[b, _INFO, _SK_OFF] = np.int64(h2 & np.uint64(0xFFFF))
+
+
 @njit(**NJIT_INLINE)
-def _sketch_estimate(sketch, b):
-    grp, h2 = _sketch_slots(b, sketch)
-    mask = np.uint64(sketch.shape[2] - 1)
+def _sketch_estimate(sketch, st, b):
+    grp = st[b, _INFO, _SK_GRP]
+    off = st[b, _INFO, _SK_OFF]
+    mask = sketch.shape[2] - 1
     est = SKETCH_MAX
     for i in range(4):
-        c = sketch[grp, i, np.int64((h2 >> np.uint64(4 * i)) & mask)]
+        c = sketch[grp, i, (off >> (4 * i)) & mask]
         if c < est:
             est = c
     return est
 
 
 @njit(**NJIT_INLINE)
-def _sketch_add(sketch, sk_ops, b):
-    grp, h2 = _sketch_slots(b, sketch)
-    mask = np.uint64(sketch.shape[2] - 1)
+def _sketch_add(sketch, sk_ops, st, b):
+    """Count an access of b (saturating); every ``10 x W`` accesses halve all counters.
+    ``sk_ops``: [accesses since the last halving, cached victim, its estimate]; the
+    cached estimate is dropped when its block is counted or the counters halve."""
+    grp = st[b, _INFO, _SK_GRP]
+    off = st[b, _INFO, _SK_OFF]
+    mask = sketch.shape[2] - 1
     for i in range(4):
-        j = np.int64((h2 >> np.uint64(4 * i)) & mask)
-        if sketch[grp, i, j] < SKETCH_MAX:
-            sketch[grp, i, j] += 1
-    sk_ops[0] += 1
-    if sk_ops[0] >= SKETCH_RESET_FACTOR * sketch.shape[0] * sketch.shape[2]:
+        j = (off >> (4 * i)) & mask
+        c = sketch[grp, i, j]
+        sketch[grp, i, j] = c + np.uint8(c < SKETCH_MAX)
+    if sk_ops[_SK_VICTIM] == b:
+        sk_ops[_SK_VICTIM] = -1
+    sk_ops[_SK_OPS] += 1
+    if sk_ops[_SK_OPS] >= SKETCH_RESET_FACTOR * sketch.shape[0] * sketch.shape[2]:
         flat = sketch.reshape(-1)
         for j in range(flat.shape[0]):
             flat[j] >>= 1
-        sk_ops[0] = 0
+        sk_ops[_SK_OPS] = 0
+        sk_ops[_SK_VICTIM] = -1
+
+
+@njit(**NJIT_INLINE)
+def _victim_estimate(sketch, sk_ops, st, w):
+    """Sketch estimate of flash victim w: it stays the victim across many admissions,
+    so its estimate is cached until w is counted or the counters halve."""
+    if sk_ops[_SK_VICTIM] != w:
+        sk_ops[_SK_VICTIM] = w
+        sk_ops[_SK_EST] = _sketch_estimate(sketch, st, w)
+    return sk_ops[_SK_EST]
 
 
 @njit(**NJIT_INLINE)
@@ -303,7 +334,7 @@ def _unlink(st, L, b):
 
 
 @njit(**NJIT_INLINE)
-def _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch):
+def _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
     policy = ip[I_POLICY]
     if policy == P_ALL:
         return True
@@ -323,18 +354,20 @@ def _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val,
         if used[X] + st[v, _INFO, _SIZE] <= cap[X]:
             return True
         M = st.shape[0] - 1
-        return _sketch_estimate(sketch, v) > _sketch_estimate(sketch, st[M, X, _NEXT])
+        return _sketch_estimate(sketch, st, v) > _victim_estimate(sketch, sk_ops, st, st[M, X, _NEXT])
     g = req_group[st[v, _STAT, _RLAST]]
     return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
 
 
 @njit(**NJIT_INLINE)
-def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist):
+def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch):
     """Evict the least-recent block of list X; returns it."""
     M = st.shape[0] - 1
     w = st[M, X, _NEXT]
     _unlink(st, X, w)
     prefetch_row(st, st[st[M, X, _NEXT], X, _NEXT])  # the victim after next: its row is the next unlink's miss
+    if use_sketch and tier == 0:  # the next DRAM victim is the next admission candidate: its sketch group
+        prefetch_row(sketch, st[st[M, X, _NEXT], _INFO, _SK_GRP])
     s = st[w, _INFO, _SIZE]
     used[X] -= s
     if meas:
@@ -347,7 +380,7 @@ def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist):
 
 @njit(**NJIT_INLINE)
 def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch,
-               cnt, sums):
+               sk_ops, cnt, sums):
     """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
     if st[v, X, _PREV] != ABSENT:
         return False
@@ -360,7 +393,7 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_gro
         cnt[C_OFFER_TOK + tier] += s
         if val > 0:
             sums[S_VALUE_BOUND] += val
-    if not _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch):
+    if not _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
         return False
     M = st.shape[0] - 1
     _link_mru(st, X, v, M)
@@ -376,20 +409,20 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_gro
 
 @njit(**NJIT_INLINE)
 def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch):
-    """Prefetch the rows (and sketch groups) of request r + 2's blocks, and the list
-    neighbours of request r + 1's blocks (rows prefetched one request ago), which its
-    pins will unlink (r local to the chunk; ``req_node`` the chunk's). Hints only:
-    neighbours may change before then, results never do."""
+    """Prefetch the rows of request r + 2's blocks, and the list neighbours and sketch
+    groups of request r + 1's blocks (rows prefetched one request ago), which its pins
+    will unlink and its accesses count (r local to the chunk; ``req_node`` the
+    chunk's). Hints only: neighbours may change before then, results never do."""
     n_req = req_start.shape[0] - 1
     if r + 2 < n_req:
         for t in range(req_start[r + 2], min(req_start[r + 3], req_start[r + 2] + _PREFETCH_MAX)):
             prefetch_row(st, block[t])
-            if use_sketch:
-                prefetch_row(sketch, _sketch_slots(block[t], sketch)[0])
     if r + 1 < n_req:
         D = _LIST0 + req_node[r + 1]
         for t in range(req_start[r + 1], min(req_start[r + 2], req_start[r + 1] + _PREFETCH_MAX)):
             b = block[t]
+            if use_sketch:
+                prefetch_row(sketch, st[b, _INFO, _SK_GRP])
             if st[b, D, _PREV] != ABSENT:
                 prefetch_row(st, st[b, D, _PREV])
                 prefetch_row(st, st[b, D, _NEXT])
@@ -508,7 +541,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                 if first_req < 0:
                     st[b, _STAT, _FIRST_REQ] = rg
                 if use_sketch:
-                    _sketch_add(sketch, sk_ops, b)
+                    _sketch_add(sketch, sk_ops, st, b)
                 if prefix_aware and tl == rg:  # a repeat in this group: decided (and pinned) at its first occurrence
                     head = st[b, _STAT, _HEAD]
                     d = decision[head] & 3
@@ -636,13 +669,13 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                         while True:
                             if cand >= 0:
                                 wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts,
-                                                   req_group, gstat, last_val, sketch, cnt, sums)
+                                                   req_group, gstat, last_val, sketch, sk_ops, cnt, sums)
                                 cand = -1
                                 if wrote and tier == 2:
                                     while used[F] > cap[F]:
-                                        _evict_lru(F, 2, nq, shift, meas, st, used, cnt, hist)
+                                        _evict_lru(F, 2, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                             if has_local and used[Lc] > cap[Lc]:
-                                w = _evict_lru(Lc, 1, nq, shift, meas, st, used, cnt, hist)
+                                w = _evict_lru(Lc, 1, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                                 if has_flash:
                                     cand = w
                                     X = F
@@ -652,7 +685,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                     cand = -1
                     if used[D] <= cap[D]:
                         break
-                    w = _evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist)
+                    w = _evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                     if not write_through:
                         cand = w
         # ---- the request's totals
@@ -780,37 +813,42 @@ class TierRun(NamedTuple):
     time_shift: int = 0
 
 
-def _aligned_zeros(n: int) -> np.ndarray:
-    """uint8[n] of zeros starting on a 64-byte boundary (a cache line)."""
-    buf = np.zeros(n + 64, dtype=np.uint8)
-    off = -buf.ctypes.data % 64
-    return buf[off:off + n]
-
-
 def _state(size, n_lists: int) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
     ``_STAT``: request of its last access, access count, first request, head of its
     touch group), its constants and admission inputs (slot ``_INFO``: tokens it
-    occupies, oracle flag of its last access) and its entry in each list (slot
-    ``_LIST0 + L``: prev, next, insert time, last-touch time; prev = ``ABSENT`` when
-    not in the list). Row M is every list's sentinel. One row per block keeps what an
+    occupies, oracle flag of its last access, TinyLFU sketch group and offset bits)
+    and its entry in each list (slot ``_LIST0 + L``: prev, next, insert time,
+    last-touch time; prev = ``ABSENT`` when not in the list). Row M is every list's sentinel. One row per block keeps what an
     access or an eviction reads of a block in one cache line (rows of 4 slots are 64
-    bytes, aligned), so S is the slot count rounded up to a multiple of 4."""
+    bytes, aligned), so S is the slot count rounded up to a multiple of 4. The table
+    is read at random: it lives on huge pages where possible (:mod:`.memory`)."""
     n_blocks = size.shape[0]
     slots = _LIST0 + n_lists
     slots += -slots % 4
     row = slots * 16
-    buf = np.empty((n_blocks + 1) * row + 64, dtype=np.uint8)
-    off = -buf.ctypes.data % 64
-    buf = buf[off:off + (n_blocks + 1) * row]
-    buf.fill(0xFF)  # ABSENT everywhere (list times are written before they are read)
-    st = buf.view(np.int32).reshape(n_blocks + 1, slots, 4)
-    st[:, _STAT, _COUNT] = 0
-    st[:n_blocks, _INFO, _SIZE] = size
-    st[:, _INFO, _ORACLE] = 0
-    st[n_blocks, _LIST0:, _PREV] = n_blocks
-    st[n_blocks, _LIST0:, _NEXT] = n_blocks
+    st = empty_table((n_blocks + 1) * row).view(np.int32).reshape(n_blocks + 1, slots, 4)
+    _init_rows(st, size)
     return st
+
+
+@njit(**NJIT)
+def _init_rows(st, size):
+    """Every row in one sequential pass (the table is the run's largest allocation):
+    ABSENT everywhere (list times are written before they are read), but the access
+    count and oracle flag 0, the size, and the sentinel row's links to itself."""
+    M = size.shape[0]
+    for b in range(M + 1):
+        for k in range(st.shape[1]):
+            for f in range(4):
+                st[b, k, f] = ABSENT
+        st[b, _STAT, _COUNT] = 0
+        st[b, _INFO, _ORACLE] = 0
+        if b < M:
+            st[b, _INFO, _SIZE] = size[b]
+    for k in range(_LIST0, st.shape[1]):
+        st[M, k, _PREV] = M
+        st[M, k, _NEXT] = M
 
 
 class TierSimulator:
@@ -883,8 +921,10 @@ class TierSimulator:
         if width < 1 or width & (width - 1):
             raise ValueError("the sketch width must be a power of two")
         g = min(16, width)
-        self.sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
-        self.sk_ops = np.zeros(1, dtype=np.int64)
+        self.sketch = zeros_table(4 * width).reshape(width // g, 4, g)
+        if use_sketch:
+            _init_sketch_keys(self.st, self.sketch)
+        self.sk_ops = np.array([0, -1, 0], dtype=np.int64)
         self.gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
         self.req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
                           else np.ascontiguousarray(req_group, dtype=np.int32))
