@@ -57,33 +57,20 @@ def _strided_counts(block, n_blocks, step):
 
 
 @njit(**NJIT)
-def tracked_accesses(block, bitmap, expected):
-    """The accesses whose block is tracked (its bitmap bit set): their indices
-    (ascending) and blocks.
+def tracked_accesses(block, bitmap, out):
+    """Write the indices (ascending) of the accesses whose block is tracked (its bitmap
+    bit set) to ``out[:n]``; returns n.
 
-    Branch-free: every access is stored and the count advances by the bit, so the scan
-    runs at memory speed however the tracked accesses are spread. ``expected`` sizes
-    the outputs; they grow by doubling when the trace holds more."""
-    n_acc = block.shape[0]
-    chunk = 1 << 16
-    out_t = np.empty(max(expected, chunk) + 1, dtype=np.int64)
-    out_b = np.empty(out_t.shape[0], dtype=np.int64)
+    Branch-free: every index is stored and the count advances by the bit, so the scan
+    runs at memory speed however the tracked accesses are spread. ``out`` has room for
+    every access plus one; its pages past the last tracked index are never written
+    (so never resident)."""
     n = 0
-    for lo in range(0, n_acc, chunk):
-        hi = min(lo + chunk, n_acc)
-        if n + (hi - lo) + 1 > out_t.shape[0]:
-            cap = max(2 * out_t.shape[0], n + (hi - lo) + 1)
-            grown_t = np.empty(cap, dtype=np.int64)
-            grown_b = np.empty(cap, dtype=np.int64)
-            grown_t[:n] = out_t[:n]
-            grown_b[:n] = out_b[:n]
-            out_t, out_b = grown_t, grown_b
-        for t in range(lo, hi):
-            b = block[t]
-            out_t[n] = t
-            out_b[n] = b
-            n += (bitmap[b >> 3] >> (b & 7)) & 1
-    return out_t[:n], out_b[:n]
+    for t in range(block.shape[0]):
+        b = block[t]
+        out[n] = t
+        n += (bitmap[b >> 3] >> (b & 7)) & 1
+    return n
 
 
 @njit(**NJIT)
@@ -373,12 +360,12 @@ def sample_distances(block, size, req_start, request, block_hash, block_tenant, 
     code, n_sampled_blocks = _codes(np.ascontiguousarray(block_hash, dtype=np.uint64),
                                     np.ascontiguousarray(block_tenant, dtype=np.int32),
                                     heavy_blocks.astype(np.int64), np.uint64(int(rate * (1 << 24) + 0.5)))
-    is_tracked = code != SKIPPED
-    expected = int(counts[is_tracked].sum()) * step  # the strided counts, scaled up: a size hint
     del counts
-    bitmap = np.packbits(is_tracked, bitorder="little")
+    bitmap = np.packbits(code != SKIPPED, bitorder="little")
     stride = max(1, int(round(1.0 / rate)))
-    tracked, tracked_block = tracked_accesses(block, bitmap, expected + expected // 8)
+    out = np.empty(block.shape[0] + 1, dtype=np.int64)
+    tracked = out[:tracked_accesses(block, bitmap, out)]
+    tracked_block = block[tracked].astype(np.int64)
     state = StackState(n_sampled_blocks + 1)
     slot_time = np.zeros(state.slot_block.shape[0], dtype=np.int64)
     out_t, out_dist, out_w = shards_distances(
