@@ -975,11 +975,14 @@ def whatif(
     if engine == Engine.dask and stream:
         raise UsageError("--engine dask ships the trace to the workers: not with --stream", field="stream")
     streamed = engine != Engine.dask and should_stream(trace_path, fmt.value, stream)
-    if streamed:
-        keep = {"request_id", "session_id"}  # routing
+    if streamed:  # keep only the request columns the configurations read (O(requests) each)
+        keep = {"request_id", "session_id"} if any(c.nodes > 1 and c.routing != "round-robin"
+                                                   for c in configs) else set()
         keep.update(c.parsed_policy.by for c in configs if c.parsed_policy.kind == "group")
         trace = _scan_streamed(trace_path, fmt, block_tokens, share_tenants,
                                sorted({"session-length": "session_id"}.get(k, k) for k in keep))
+        if not any(c.nodes > 1 and c.routing == "prefix" for c in configs):
+            trace.block_hash = trace.block_tenant = None  # only prefix routing reads them: 12 bytes per block
     else:
         trace = _load(trace_path, fmt, block_tokens, share_tenants,
                       workload="whatif-parallel" if parallel else "whatif")

@@ -34,6 +34,10 @@ from .kernels.reuse import previous_access, visit_blocks
 from .model import ModelSpec, resolve_model
 from .quantiles import linear_percentile, order_statistics, percentile_ranks
 from .trace import Trace
+try:
+    from kvprobe import probe as _probe  # PROBE
+except ImportError:  # PROBE
+    _probe = lambda *_: None  # PROBE
 
 PERCENTILES = (50, 90, 99, 99.9)
 #: Request columns the figures read besides the timestamp: what a streamed trace must
@@ -131,7 +135,9 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
         missing = [c for c in STREAM_COLUMNS if c not in req.columns]
         if missing:
             raise ValueError(f"open the stream with columns=kvtrace.stats.STREAM_COLUMNS (missing {missing})")
+        _probe('stats start')  # PROBE
         fig = _streamed_figures(trace, cols, progress)
+        _probe('streamed figures done')  # PROBE
 
     minute = np.floor(ts / 60.0).astype(np.int64) if n_req else np.zeros(0, np.int64)
     per_minute = np.bincount(minute - minute.min()) if n_req else np.zeros(1, np.int64)
@@ -164,8 +170,12 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
             fig.reuse_row,
         ]
     )
+    _probe('summary+lengths done')  # PROBE
     groups = {col: _group_rows(trace, col, fig.groups[col]) for col in cols}
-    return TraceStats(summary, lengths, _top_prefixes(trace, fig, bpt, top), groups)
+    _probe('group rows done')  # PROBE
+    tp = _top_prefixes(trace, fig, bpt, top)  # PROBE
+    _probe('top prefixes done')  # PROBE
+    return TraceStats(summary, lengths, tp, groups)
 
 
 def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None) -> bool:
@@ -280,6 +290,7 @@ def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
             if progress is not None:
                 progress(done, total)
 
+    _probe('stats pass 1 done')  # PROBE
     # passes 2..: dominated prefixes (first pass only) and distinct blocks per group
     dominated = np.zeros(M, dtype=bool)
     distinct = {c: np.zeros(len(labels[c][0]), dtype=np.int64) for c in cols}
@@ -307,6 +318,7 @@ def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
             distinct[c][j] = sum(int(np.count_nonzero(seen[s:s + size] & b)) for s in range(0, M, size))
         del seen
 
+    _probe('stats passes 2.. done')  # PROBE
     groups = {}
     idx = pl.select(pl.len()).dtypes[0]  # Polars' count type, as the in-memory group_by gives
     for c in cols:

@@ -66,6 +66,10 @@ from .kernels.layout import request_and_pos
 from .kernels.stackdist import COLD, StackState, stack_distances_chunk
 from .trace import TraceMeta
 from .units import parse_size
+try:
+    from kvprobe import probe as _probe  # PROBE
+except ImportError:  # PROBE
+    _probe = lambda *_: None  # PROBE
 
 #: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (measured:
 #: 2.34 GB for 30.0M accesses, README performance table), rounded up.
@@ -465,6 +469,7 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
                     kept.append(df.select(keep))
                 if progress is not None:
                     progress(row0 + df.height, src.n_rows)
+        _probe('scan loop end')  # PROBE
         if state is None:
             state = densify(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, np.int32))[1]
         # free the lookup table before copying the per-block arrays out of the map
@@ -482,6 +487,7 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
         if keep:
             requests = pl.concat([requests, pl.concat(kept)], how="horizontal")
         last_tokens = np.concatenate(last_parts) if last_parts else np.empty(0, np.int32)
+        _probe('open_stream end')  # PROBE
         return StreamedTrace(src.meta, requests, req_start, last_tokens, block_hash, block_ns, block_size, spill,
                              src.warnings(info))
     except BaseException:

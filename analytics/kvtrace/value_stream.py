@@ -78,6 +78,10 @@ from .value import (
     _tables,
     _write_cost,
 )
+try:
+    from kvprobe import probe as _probe  # PROBE
+except ImportError:  # PROBE
+    _probe = lambda *_: None  # PROBE
 
 __all__ = ["StreamedFutureReuse", "streamed_value_report", "streamed_values"]
 
@@ -207,7 +211,9 @@ class StreamedFutureReuse:
         total = 2 * N
         req_ts = t.request_timestamp.astype(np.float64, copy=False)
         _check_order(t, req_ts)
+        _probe('value pass start')  # PROBE
         next_path = _next_accesses(t, None if progress is None else (lambda d, _n: progress(d, total)))
+        _probe('next accesses done')  # PROBE
         size64 = t.block_size.astype(np.int64)
         bpt = int(self.info["kv_bytes_per_token"])
         B = int(t.meta.block_tokens)
@@ -392,6 +398,7 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
         occ_sum.add(occ_acc)
         no_reuse += int(np.count_nonzero(~keep))
         positive += int(np.count_nonzero(fr.value_dollars > 0))
+    _probe('value pass done')  # PROBE
     req_ts = trace.request_timestamp
     blocks = {
         "root_block": root,
@@ -407,6 +414,7 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
     sums = {"write_cost_dollars": write_sum.value, "read_cost_dollars": read_sum.value,
             "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse, "positive_window_value": positive}
     per_block_df, per_prefix_df, summary = _tables(trace, fut, N, blocks, sums)
+    _probe('tables done')  # PROBE
     return ValueResult(per_block_df, per_prefix_df, summary, fut)
 
 

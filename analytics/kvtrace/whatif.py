@@ -415,12 +415,12 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 
 
 def route(trace: Trace, nodes: int, routing: str) -> np.ndarray:
-    """int64[R]: the node (0..nodes-1) serving each request (see the module docstring)."""
+    """int32[R]: the node (0..nodes-1) serving each request (see the module docstring)."""
     R = trace.n_requests
     if nodes == 1:
-        return np.zeros(R, dtype=np.int64)
+        return np.zeros(R, dtype=np.int32)
     if routing == "round-robin":
-        return np.arange(R, dtype=np.int64) % nodes
+        return (np.arange(R, dtype=np.int64) % nodes).astype(np.int32)
     req = trace.requests
     rid = req["request_id"].to_numpy().astype(np.int64)
     if routing == "session":
@@ -435,7 +435,7 @@ def route(trace: Trace, nodes: int, routing: str) -> np.ndarray:
         key[nonempty] = trace.block_hash[first].astype(np.uint64)
     else:
         raise UsageError(f"unknown routing '{routing}'", field="routing")
-    return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int64)
+    return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int32)
 
 
 def _first_blocks(trace) -> np.ndarray:
@@ -517,8 +517,9 @@ class WhatIfResult:
         Every metric of the configuration (one row of :func:`sweep`'s table).
     residency : polars.DataFrame
         Residency histograms per tier.
-    requests : polars.DataFrame
-        Per measured request: bytes by tier, recompute FLOPs, service time.
+    requests : polars.DataFrame or None
+        Per measured request: bytes by tier, recompute FLOPs, service time (None
+        when :func:`simulate` was asked not to build it).
     info : dict
         Model, capacities in tokens, warm-up, counters of the run.
     """
@@ -526,7 +527,7 @@ class WhatIfResult:
     config: TierConfig
     summary: dict
     residency: pl.DataFrame
-    requests: pl.DataFrame
+    requests: pl.DataFrame | None
     info: dict = field(default_factory=dict)
 
     @property
@@ -610,6 +611,7 @@ def simulate(
     values=None,
     warmup: str | float | None = None,
     progress=None,
+    requests_table: bool = True,
 ) -> WhatIfResult:
     """Replay ``trace`` through one tier configuration.
 
@@ -637,6 +639,9 @@ def simulate(
         Fraction of requests or duration that only fills the tiers.
     progress : callable, optional
         ``progress(accesses_done, accesses_total)`` per chunk of a streamed trace.
+    requests_table : bool
+        Build the per-request table (``requests``; None without it: a sweep needs
+        only the summary, and the table is ~60 bytes per request).
 
     Returns
     -------
@@ -688,7 +693,8 @@ def simulate(
         if streamed and oracle is not None:
             oracle.unlink(missing_ok=True)
 
-    summary, requests = _metrics(trace, config, run, node, first_req, bpt, a_coef, b_coef, gpu, response, vals)
+    summary, requests = _metrics(trace, config, run, node, first_req, bpt, a_coef, b_coef, gpu, response, vals,
+                                 requests_table)
     summary = {
         "config": config.label, "dram_bytes": config.dram_bytes, "local_ssd_bytes": config.local_ssd_bytes,
         "flash_bytes": config.flash_bytes, "nodes": config.nodes, "routing": config.routing,
@@ -711,7 +717,7 @@ def _div(x, y):
     return float(x) / float(y) if y else None
 
 
-def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, response, vals):
+def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, response, vals, requests_table=True):
     c, s = run.counts, run.sums
     R = trace.n_requests
     rs = trace.accesses.req_start
@@ -802,6 +808,8 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
     out["measured_accesses"] = int(rs[-1] - rs[first_req]) if R else 0
     out["measured_seconds"] = seconds
 
+    if not requests_table:
+        return out, None
     branch = pl.Series("branch", ["dram", "local", "flash", "miss"]).gather(run.req_level[meas].astype(np.uint32))
     requests = pl.DataFrame({
         "request": req_idx.astype(np.int64),
@@ -870,7 +878,7 @@ def _init_worker(trace, kwargs) -> None:
 
 
 def _summary_in_worker(config: TierConfig) -> dict:
-    return simulate(_WORKER["trace"], config, **_WORKER["kwargs"]).summary
+    return simulate(_WORKER["trace"], config, **_WORKER["kwargs"], requests_table=False).summary
 
 
 def sweep(
@@ -917,7 +925,7 @@ def sweep(
 
     if workers <= 1 or len(configs) <= 1:
         for c in configs:
-            done(simulate(trace, c, **kwargs).summary)
+            done(simulate(trace, c, **kwargs, requests_table=False).summary)
         return summary_table(rows)
     ctx = multiprocessing.get_context("spawn")  # fork is unsafe with Polars' and Numba's threads
     with ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx,

@@ -941,7 +941,7 @@ class TierSimulator:
         self.ip = ip
         self.cap = cap
         self.used = np.zeros(_LIST0 + n_lists, dtype=np.int64)
-        self.req_node = np.ascontiguousarray(req_node, dtype=np.int64)
+        self.req_node = np.ascontiguousarray(req_node, dtype=np.int32)
         self.next_request = 0  # the next chunk starts here
 
     def feed(self, block, tokens, pos, req_start, values=None, oracle_ok=None) -> np.ndarray:
