@@ -120,7 +120,6 @@ from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
 from .bits import bit_length
-from .memory import empty_table, zeros_table
 from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
@@ -813,6 +812,13 @@ class TierRun(NamedTuple):
     time_shift: int = 0
 
 
+def _aligned_zeros(n: int) -> np.ndarray:
+    """uint8[n] of zeros starting on a 64-byte boundary (a cache line)."""
+    buf = np.zeros(n + 64, dtype=np.uint8)
+    off = -buf.ctypes.data % 64
+    return buf[off:off + n]
+
+
 def _state(size, n_lists: int) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
     ``_STAT``: request of its last access, access count, first request, head of its
@@ -821,13 +827,14 @@ def _state(size, n_lists: int) -> np.ndarray:
     and its entry in each list (slot ``_LIST0 + L``: prev, next, insert time,
     last-touch time; prev = ``ABSENT`` when not in the list). Row M is every list's sentinel. One row per block keeps what an
     access or an eviction reads of a block in one cache line (rows of 4 slots are 64
-    bytes, aligned), so S is the slot count rounded up to a multiple of 4. The table
-    is read at random: it lives on huge pages where possible (:mod:`.memory`)."""
+    bytes, aligned), so S is the slot count rounded up to a multiple of 4."""
     n_blocks = size.shape[0]
     slots = _LIST0 + n_lists
     slots += -slots % 4
     row = slots * 16
-    st = empty_table((n_blocks + 1) * row).view(np.int32).reshape(n_blocks + 1, slots, 4)
+    buf = np.empty((n_blocks + 1) * row + 64, dtype=np.uint8)  # numpy advises huge pages for it
+    off = -buf.ctypes.data % 64
+    st = buf[off:off + (n_blocks + 1) * row].view(np.int32).reshape(n_blocks + 1, slots, 4)
     _init_rows(st, size)
     return st
 
@@ -921,7 +928,7 @@ class TierSimulator:
         if width < 1 or width & (width - 1):
             raise ValueError("the sketch width must be a power of two")
         g = min(16, width)
-        self.sketch = zeros_table(4 * width).reshape(width // g, 4, g)
+        self.sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
         if use_sketch:
             _init_sketch_keys(self.st, self.sketch)
         self.sk_ops = np.array([0, -1, 0], dtype=np.int64)
