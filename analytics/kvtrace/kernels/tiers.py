@@ -153,7 +153,7 @@ PROB_SEED = 0x5851F42D4C957F2D
 SKETCH_SEED = 0x2545F4914F6CDD1D
 SKETCH_MAX = 15
 SKETCH_RESET_FACTOR = 10
-_SK_OPS, _SK_VICTIM, _SK_EST = 0, 1, 2  # slots of the sketch bookkeeping array
+_SK_OPS, _SK_VICTIM, _SK_EST, _SK_VGRP = 0, 1, 2, 3  # slots of the sketch bookkeeping array
 _PREFETCH_MAX = 64  # blocks of a request prefetched ahead
 
 #: Integer counters (measured period), in order: decisions per tier (block accesses),
@@ -267,8 +267,9 @@ def _sketch_estimate(sketch, st, b):
 @njit(**NJIT_INLINE)
 def _sketch_add(sketch, sk_ops, st, b):
     """Count an access of b (saturating); every ``10 x W`` accesses halve all counters.
-    ``sk_ops``: [accesses since the last halving, cached victim, its estimate]; the
-    cached estimate is dropped when its block is counted or the counters halve."""
+    ``sk_ops``: [accesses since the last halving, cached victim, its estimate, its
+    group]; the cached estimate is dropped when a block of the victim's group is
+    counted (its counters can only change then) or the counters halve."""
     grp = st[b, _INFO, _SK_GRP]
     off = st[b, _INFO, _SK_OFF]
     mask = sketch.shape[2] - 1
@@ -276,7 +277,7 @@ def _sketch_add(sketch, sk_ops, st, b):
         j = (off >> (4 * i)) & mask
         c = sketch[grp, i, j]
         sketch[grp, i, j] = c + np.uint8(c < SKETCH_MAX)
-    if sk_ops[_SK_VICTIM] == b:
+    if grp == sk_ops[_SK_VGRP]:
         sk_ops[_SK_VICTIM] = -1
     sk_ops[_SK_OPS] += 1
     if sk_ops[_SK_OPS] >= SKETCH_RESET_FACTOR * sketch.shape[0] * sketch.shape[2]:
@@ -290,9 +291,11 @@ def _sketch_add(sketch, sk_ops, st, b):
 @njit(**NJIT_INLINE)
 def _victim_estimate(sketch, sk_ops, st, w):
     """Sketch estimate of flash victim w: it stays the victim across many admissions,
-    so its estimate is cached until w is counted or the counters halve."""
+    so its estimate is cached until a count in its group or a halving (see
+    :func:`_sketch_add`)."""
     if sk_ops[_SK_VICTIM] != w:
         sk_ops[_SK_VICTIM] = w
+        sk_ops[_SK_VGRP] = st[w, _INFO, _SK_GRP]
         sk_ops[_SK_EST] = _sketch_estimate(sketch, st, w)
     return sk_ops[_SK_EST]
 
@@ -441,7 +444,8 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     pins and accounts its accesses, a backward pass inserts them into DRAM (module
     docstring). Access arrays (``block`` .. ``pos``, ``values``, ``oracle_ok``,
     ``decision``) and ``req_start`` are the chunk's; per-request arrays are the whole
-    trace's, the chunk's request r being trace request ``r0 + r``.
+    trace's, the chunk's request r being trace request ``r0 + r`` (``req_out`` is
+    [column, request]).
 
     The pins of pass 1 run forward here, at each block's first occurrence, after its
     decision: a pin changes only the pinned block's own entries, and a repeat copies
@@ -693,13 +697,13 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             pre[level, 1] += p_tok
             pre[level, 2] += p_size
             pre[level, 3] += p_q
-        req_out[rg, R_SRC] = src_d
-        req_out[rg, R_SRC + 1] = src_l
-        req_out[rg, R_SRC + 2] = src_f
-        req_out[rg, R_FL_TOK] = fl_tok
-        req_out[rg, R_FL_Q] = fl_q
-        req_out[rg, R_MISS_TOK] = miss_tok
-        req_out[rg, R_MISS_Q] = miss_q
+        req_out[R_SRC, rg] = src_d
+        req_out[R_SRC + 1, rg] = src_l
+        req_out[R_SRC + 2, rg] = src_f
+        req_out[R_FL_TOK, rg] = fl_tok
+        req_out[R_FL_Q, rg] = fl_q
+        req_out[R_MISS_TOK, rg] = miss_tok
+        req_out[R_MISS_Q, rg] = miss_q
         # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
         if hi > lo and (decision[lo] & 3) != MISS:
@@ -793,7 +797,8 @@ class TierRun(NamedTuple):
     req_first : int8[R] — decision of each request's first access (MISS if empty).
     req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
         the usable prefix is empty).
-    req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included).
+    req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included;
+        a column-major view: each column is contiguous).
     counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
     sums : dict name -> float (:data:`SUM_NAMES`, measured period).
     hist : int64[3, 3, len(HIST_EDGES)] — residency counts [tier, metric, bin].
@@ -931,14 +936,15 @@ class TierSimulator:
         self.sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
         if use_sketch:
             _init_sketch_keys(self.st, self.sketch)
-        self.sk_ops = np.array([0, -1, 0], dtype=np.int64)
+        self.sk_ops = np.array([0, -1, 0, -1], dtype=np.int64)
         self.gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
         self.req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
                           else np.ascontiguousarray(req_group, dtype=np.int32))
         self.last_val = np.zeros(M if has_values else 0, dtype=np.float64)
         self.req_first = np.full(n_req, MISS, dtype=np.int8)
         self.req_level = np.full(n_req, MISS, dtype=np.int8)
-        self.req_out = np.zeros((n_req, N_REQ_COLS), dtype=np.float64)
+        # per-request outputs by column (each column contiguous); TierRun gets the (R, 7) view
+        self.req_cols = np.zeros((N_REQ_COLS, n_req), dtype=np.float64)
         self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
         self.sums = np.zeros(N_SUMS, dtype=np.float64)
         self.hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
@@ -992,7 +998,7 @@ class TierSimulator:
         if k > 0:
             _simulate(block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
                       self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
-                      self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, self.req_out,
+                      self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, self.req_cols,
                       self.cnt, self.sums, self.hist)
             nonempty = req_start[1:] > req_start[:-1]
             self.req_first[r0:r0 + k][nonempty] = decision[req_start[:-1][nonempty]] & 3
@@ -1003,7 +1009,7 @@ class TierSimulator:
         """The run's outputs (per-access ``decision`` and ``cold`` as given, if any)."""
         if self.next_request != self.req_first.shape[0]:
             raise ValueError(f"{self.req_first.shape[0] - self.next_request} requests were never fed")
-        return TierRun(decision, cold, self.req_first, self.req_level, self.req_out,
+        return TierRun(decision, cold, self.req_first, self.req_level, self.req_cols.T,
                        dict(zip(COUNT_NAMES, self.cnt.tolist())), dict(zip(SUM_NAMES, self.sums.tolist())),
                        self.hist, int(self.shift))
 
