@@ -171,6 +171,20 @@ def test_a_stream_without_the_request_columns_is_refused(mixed):
         trace_stats(st)
 
 
+def test_top_prefixes_ranked_in_chunks_equal_one_ranking(mixed):
+    """The blocks ranked a few at a time (each chunk's best, then the best of those)
+    give the ranking of all at once, ties by block id included."""
+    from kvtrace.stats import _in_memory_figures, _top_prefixes
+
+    trace = load_trace(mixed)
+    fig = _in_memory_figures(trace, [])
+    for top in (1, 10, 60, trace.n_blocks):
+        want = _top_prefixes(trace, fig, 4, top, chunk=10**9)
+        assert want.height == min(top, int(np.count_nonzero((fig.count > 1) & ~fig.dominated)))
+        for chunk in (1, 7, 64, trace.n_blocks - 1):
+            assert_frame_equal(_top_prefixes(trace, fig, 4, top, chunk=chunk), want, check_exact=True)
+
+
 # ------------------------------------------------------------------- pieces
 def test_visit_blocks_matches_its_twin_in_any_chunking():
     rng = np.random.default_rng(5)
@@ -179,9 +193,10 @@ def test_visit_blocks_matches_its_twin_in_any_chunking():
         request = np.sort(rng.integers(0, max(n // 3, 1), n)).astype(np.int32)
         pos = rng.integers(0, 9, n).astype(np.int32)
         want = naive.visit_blocks(block, request, pos, m)
-        for kernel in (visit_blocks, visit_blocks.py_func):
+        for kernel, count_dtype in ((visit_blocks, np.int64), (visit_blocks, np.int32),
+                                    (visit_blocks.py_func, np.int64)):
             cuts = np.unique(np.r_[0, np.sort(rng.integers(0, n + 1, 5)), n])
-            count, fpos = np.zeros(m, np.int64), np.full(m, -1, np.int32)
+            count, fpos = np.zeros(m, count_dtype), np.full(m, -1, np.int32)
             first, last = np.full(m, -1, np.int32), np.full(m, -1, np.int32)
             prev = np.empty(n, np.int32)
             for lo, hi in zip(cuts[:-1], cuts[1:]):

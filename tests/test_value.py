@@ -34,7 +34,9 @@ from kvtrace.trace import TraceMeta
 from kvtrace.value import (
     DEFAULT_COSTS,
     DEFAULT_HORIZON_S,
+    QUANTILES,
     StorageCosts,
+    _weighted_quantiles,
     future_reuse,
     parse_horizon,
     value_report,
@@ -566,3 +568,21 @@ def test_outputs_round_trip(hand, tmp_path):
     got = json.loads((tmp_path / "value.json").read_text())
     assert got["summary"]["horizon_s"] is None  # infinite
     assert [r["root_hash"] for r in got["top_prefixes"]] == [10, 30]
+
+
+def test_weighted_quantiles_in_chunks_equal_one_cumulative_sum():
+    """The cumulative weight made chunk by chunk gives np.cumsum's quantiles: values
+    with many ties, weights from 0 to 2**40 (their float sums round)."""
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 9, 100, 1_000):
+        x = rng.integers(-5, 5, n) / 3.0
+        w = rng.integers(0, 2, n) * rng.integers(1, 2**40, n)
+        if w.sum() == 0:
+            w[0] = 1
+        order = np.argsort(x, kind="stable")
+        cum = np.cumsum(w[order].astype(np.float64))
+        want = {f"p{round(100 * q)}": float(x[order[min(int(np.searchsorted(cum, q * cum[-1], side="left")), n - 1)]])
+                for q in QUANTILES}
+        for chunk in (1, 3, 8, n, n + 5):
+            assert _weighted_quantiles(x, w.__getitem__, int(w.sum()), QUANTILES, chunk) == want, (n, chunk)
+    assert _weighted_quantiles(np.zeros(3), np.zeros(3, np.int64).__getitem__, 0, QUANTILES)["p50"] is None

@@ -185,6 +185,26 @@ def test_one_chunk_and_many_chunks_agree(mixed, monkeypatch):
     assert_same_report(many, one)
 
 
+def test_per_block_table_is_built_on_first_read(mixed, loaded, tmp_path):
+    """The streamed report leaves the per-block table's columns the summary does not
+    read on disk, beside the trace's spill directory: the table can be read after the
+    trace is closed, and the directory goes once it is built."""
+    import gc
+
+    expected = value_report(loaded, horizon_s=60.0)
+    with open_stream(mixed, spill_dir=tmp_path) as st:
+        got = value_report(st, horizon_s=60.0)
+        assert len(list(tmp_path.glob("kvtrace-stream-*"))) == 2
+    assert len(list(tmp_path.glob("kvtrace-stream-*"))) == 1
+    assert_same_report(expected, got)
+    gc.collect()
+    assert not list(tmp_path.glob("kvtrace-stream-*"))
+    with open_stream(mixed, spill_dir=tmp_path) as st:
+        value_report(st, horizon_s=60.0)  # dropped unread
+    gc.collect()
+    assert not list(tmp_path.glob("kvtrace-stream-*"))
+
+
 def test_requests_without_accesses(tmp_path):
     table = pa.table({"ts_ms": pa.array([0, 5, 9], pa.int64()), "input_length": pa.array([0, 0, 0], pa.int64()),
                       "hash_ids": pa.array([[], [], []], pa.list_(pa.uint64()))})

@@ -445,23 +445,32 @@ def _access_values(m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reu
     (hold_s, gain_gpu_seconds, gain_dollars, cost_dollars, value_dollars,
     interval_value_dollars)."""
     fbytes = nbytes.astype(np.float64)
-    tail = horizon if math.isfinite(horizon) else 0.0
+    hold, gain_s, gain_d, cost, value = _window_values(m, g, c, horizon, fbytes, reuses, last_gap, reuse_tokens,
+                                                       reuse_q)
+    interval_value = _interval_values(g, c, horizon, fbytes, reuses > 0, next_gap, interval_gain, starts_stay)
+    return hold, gain_s, gain_d, cost, value, interval_value
 
-    # window value
+
+def _window_values(m, g, c, horizon, fbytes, reuses, last_gap, reuse_tokens, reuse_q):
+    """Window value columns of :func:`_access_values` (``fbytes``: float64 bytes):
+    (hold_s, gain_gpu_seconds, gain_dollars, cost_dollars, value_dollars)."""
+    tail = horizon if math.isfinite(horizon) else 0.0
     gain_s = _prefill_gpu_seconds(m, g, reuse_tokens, reuse_q)
     gain_d = gain_s * (g.dollars_per_hour / 3600.0)
     hold = np.where(reuses > 0, last_gap, tail)
     cost = fbytes * (c.write_dollars_per_byte + c.read_dollars_per_byte * reuses
                      + c.occupancy_dollars_per_byte_second * hold)
-    value = gain_d - cost
+    return hold, gain_s, gain_d, cost, gain_d - cost
 
-    # interval value (the time-to-live schedule, split by access)
-    keep = reuses > 0
+
+def _interval_values(g, c, horizon, fbytes, keep, next_gap, interval_gain, starts_stay):
+    """Interval value of :func:`_access_values` (the time-to-live schedule, split by
+    access; ``keep``: ``reuses > 0``), $."""
+    tail = horizon if math.isfinite(horizon) else 0.0
     occupied = np.where(keep, next_gap, tail)
-    interval_value = interval_gain * (g.dollars_per_hour / 3600.0) - fbytes * (
+    return interval_gain * (g.dollars_per_hour / 3600.0) - fbytes * (
         c.read_dollars_per_byte * keep + c.occupancy_dollars_per_byte_second * occupied
         + c.write_dollars_per_byte * starts_stay)
-    return hold, gain_s, gain_d, cost, value, interval_value
 
 
 @dataclass
@@ -471,7 +480,8 @@ class ValueResult:
     Attributes
     ----------
     per_block : polars.DataFrame
-        One row per block.
+        One row per block. A streamed trace's is built on first use (it alone holds
+        about 105 bytes per block), partly from columns its report left on disk.
     per_prefix : polars.DataFrame
         One row per root prefix, most valuable first.
     summary : dict
@@ -482,10 +492,16 @@ class ValueResult:
         Both have ``write_table(path, metadata)``.
     """
 
-    per_block: pl.DataFrame
+    _per_block: pl.DataFrame | Callable[[], pl.DataFrame]  # a builder until first read
     per_prefix: pl.DataFrame
     summary: dict
     future: FutureReuse | StreamedFutureReuse
+
+    @property
+    def per_block(self) -> pl.DataFrame:
+        if not isinstance(self._per_block, pl.DataFrame):
+            self._per_block = self._per_block()
+        return self._per_block
 
     def top_prefixes(self, n: int = 10) -> pl.DataFrame:
         """The ``n`` root prefixes of highest total value."""
@@ -497,18 +513,43 @@ class ValueResult:
         return {"summary": self.summary, "top_prefixes": self.top_prefixes(top).to_dicts()}
 
 
-def _weighted_quantiles(x: np.ndarray, w: np.ndarray, qs) -> dict:
-    """Inverted-CDF quantiles of ``x`` weighted by ``w``: the smallest x whose
-    cumulative weight reaches q x total."""
-    if x.size == 0 or w.sum() <= 0:
+def _weighted_quantiles(x: np.ndarray, weight: Callable[[np.ndarray], np.ndarray], total_weight: int, qs,
+                        chunk: int = 1 << 22) -> dict:
+    """Inverted-CDF quantiles of ``x`` weighted by ``weight(indices)`` (integers >= 0,
+    summing to ``total_weight``): the smallest x whose cumulative weight reaches
+    q x total.
+
+    The cumulative weight is ``np.cumsum(w[order].astype(np.float64))`` with ``order``
+    the stable ascending order of ``x``, made chunk by chunk with the same additions
+    in the same order (a chunk's first value is added to the previous chunk's last),
+    read twice (its last value, then the positions of the quantiles): one per-block
+    array (``order``) instead of three.
+    """
+    if x.size == 0 or total_weight <= 0:
         return {f"p{round(100 * q)}": None for q in qs}
     order = np.argsort(x, kind="stable")
-    cum = np.cumsum(w[order].astype(np.float64))
-    out = {}
-    for q in qs:
-        i = min(int(np.searchsorted(cum, q * cum[-1], side="left")), x.size - 1)
-        out[f"p{round(100 * q)}"] = float(x[order[i]])
-    return out
+
+    def cumulative():
+        carry = None
+        for lo in range(0, order.shape[0], chunk):
+            part = weight(order[lo:lo + chunk]).astype(np.float64)
+            if carry is not None:
+                part[0] += carry
+            np.cumsum(part, out=part)
+            carry = part[-1]
+            yield lo, part
+
+    for _, part in cumulative():
+        last = part[-1]
+    targets = [q * last for q in qs]
+    found = [x.size] * len(qs)  # np.searchsorted's answer when no value reaches the target
+    for lo, part in cumulative():
+        for k, target in enumerate(targets):
+            if found[k] == x.size and part[-1] >= target:
+                found[k] = lo + int(np.searchsorted(part, target, side="left"))
+        if all(f < x.size for f in found):
+            break
+    return {f"p{round(100 * q)}": float(x[order[min(i, x.size - 1)]]) for q, i in zip(qs, found)}
 
 
 def value_report(
@@ -608,7 +649,7 @@ def value_report(
     gain_s = per_block(fr.interval_gain_gpu_seconds)
     cost = per_block(write_acc + read_acc + occ_acc)
     total = per_block(fr.interval_value_dollars)
-    clair_interval = _clairvoyant_interval(fr, fr.interval_gain_gpu_seconds, read_acc, occ_acc, keep)
+    clair_interval = _clairvoyant_interval(fr.info, fr.interval_gain_gpu_seconds, read_acc, occ_acc, keep)
     clair = best_keep_value(block, M, keep, clair_interval, _write_cost(c, bytes_b))
     req_ts = trace.request_timestamp
     blocks = {
@@ -629,8 +670,8 @@ def value_report(
         "no_reuse": int(np.count_nonzero(~keep)),
         "positive_window_value": int(np.count_nonzero(fr.value_dollars > 0)),
     }
-    per_block_df, per_prefix_df, summary = _tables(trace, fr, N, blocks, sums)
-    return ValueResult(per_block_df, per_prefix_df, summary, fr)
+    per_prefix_df, summary = _tables(trace, fr, N, blocks, sums)
+    return ValueResult(_block_table(trace, bpt, blocks), per_prefix_df, summary, fr)
 
 
 def _cost_parts(c: StorageCosts, nbytes, keep, next_gap, starts_stay, tail: float):
@@ -642,29 +683,28 @@ def _cost_parts(c: StorageCosts, nbytes, keep, next_gap, starts_stay, tail: floa
     return write_acc, read_acc, occ_acc
 
 
-def _clairvoyant_interval(fr, interval_gain, read_acc, occ_acc, keep):
+def _clairvoyant_interval(info: dict, interval_gain, read_acc, occ_acc, keep):
     """Net $ of keeping each access's interval, before the write (best_keep_value's input)."""
-    return interval_gain * (fr.info["gpu_dollars_per_hour"] / 3600.0) - read_acc - np.where(keep, occ_acc, 0.0)
+    return interval_gain * (info["gpu_dollars_per_hour"] / 3600.0) - read_acc - np.where(keep, occ_acc, 0.0)
 
 
 def _write_cost(c: StorageCosts, bytes_b: np.ndarray) -> np.ndarray:
     return bytes_b.astype(np.float64) * c.write_dollars_per_byte
 
 
-def _tables(trace, fr, N: int, blocks: dict, sums: dict):
-    """The per-block and per-prefix tables and the summary, from per-block arrays
-    (``blocks``: root_block, first_seen_s, last_seen_s, accesses, horizon_hits,
-    gain_gpu_seconds, cost_dollars, total_value_dollars, clairvoyant_value_dollars)
-    and per-access totals (``sums``); shared by the in-memory and streamed runs."""
-    c = fr.costs
+def _block_bytes(trace, bpt: int, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """int64 bytes of blocks ``lo .. hi - 1``: cache size in tokens x KV bytes per token."""
+    return trace.block_size[lo:hi].astype(np.int64) * bpt
+
+
+def _block_table(trace, bpt: int, blocks: dict) -> pl.DataFrame:
+    """The per-block table (module docstring) from per-block arrays (``blocks``:
+    root_block, first_seen_s, last_seen_s, accesses, horizon_hits (int64),
+    gain_gpu_seconds, cost_dollars, total_value_dollars, clairvoyant_value_dollars)."""
     M = trace.n_blocks
-    bpt = int(fr.info["kv_bytes_per_token"])
-    bytes_b = trace.block_size.astype(np.int64) * bpt
-    accesses, gain_s, total = blocks["accesses"], blocks["gain_gpu_seconds"], blocks["total_value_dollars"]
-    clair = blocks["clairvoyant_value_dollars"]
-    density = total / bytes_b  # bytes >= 1: a block holds >= 1 token of >= 1 byte
-    dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
-    per_block_df = pl.DataFrame(
+    bytes_b = _block_bytes(trace, bpt)
+    accesses, total = blocks["accesses"], blocks["total_value_dollars"]
+    return pl.DataFrame(
         {
             "block": np.arange(M, dtype=np.int64),
             "hash": trace.block_hash.astype(np.uint64),
@@ -675,16 +715,45 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict):
             "reused": accesses > 1,
             "horizon_hits": blocks["horizon_hits"],
             "bytes": bytes_b,
-            "gain_gpu_seconds": gain_s,
+            "gain_gpu_seconds": blocks["gain_gpu_seconds"],
             "cost_dollars": blocks["cost_dollars"],
             "total_value_dollars": total,
-            "value_per_byte": density,
-            "clairvoyant_value_dollars": clair,
+            "value_per_byte": total / bytes_b,  # bytes >= 1: a block holds >= 1 token of >= 1 byte
+            "clairvoyant_value_dollars": blocks["clairvoyant_value_dollars"],
         },
         schema_overrides={"first_seen_s": pl.Float64, "last_seen_s": pl.Float64},
     )
+
+
+def _tables(trace, fr, N: int, blocks: dict, sums: dict, chunk: int = 1 << 22):
+    """The per-prefix table and the summary from per-block arrays (``blocks``:
+    root_block and accesses (int32 or int64), gain_gpu_seconds, total_value_dollars,
+    clairvoyant_value_dollars) and per-access totals (``sums``); shared by the
+    in-memory and streamed runs. Beyond its inputs it holds at most about three
+    per-block arrays at a time (the value densities and their order; then the bytes
+    and the per-prefix frame's int64 columns): a streamed trace holds little else."""
+    c = fr.costs
+    M = trace.n_blocks
+    bpt = int(fr.info["kv_bytes_per_token"])
+    accesses, gain_s, total = blocks["accesses"], blocks["gain_gpu_seconds"], blocks["total_value_dollars"]
+    clair = blocks["clairvoyant_value_dollars"]
+    dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
+
+    # value density (as the per-block table's value_per_byte) and its quantiles over bytes
+    density = np.empty(M, dtype=np.float64)
+    for lo in range(0, M, chunk):
+        density[lo:lo + chunk] = total[lo:lo + chunk] / _block_bytes(trace, bpt, lo, lo + chunk)
+    distinct = sum(int(_block_bytes(trace, bpt, lo, lo + chunk).sum()) for lo in range(0, M, chunk))
+    quantiles = _weighted_quantiles(density, lambda idx: trace.block_size[idx].astype(np.int64) * bpt, distinct,
+                                    QUANTILES, chunk)
+    del density
+
+    bytes_b = _block_bytes(trace, bpt)
     families = (
-        per_block_df.group_by("root_block")
+        pl.DataFrame({"root_block": blocks["root_block"].astype(np.int64, copy=False), "bytes": bytes_b,
+                      "accesses": accesses.astype(np.int64, copy=False), "reused": accesses > 1,
+                      "gain_gpu_seconds": gain_s, "total_value_dollars": total, "clairvoyant_value_dollars": clair})
+        .group_by("root_block")
         .agg(
             pl.len().cast(pl.Int64).alias("blocks"),
             pl.col("bytes").sum(),
@@ -705,7 +774,6 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict):
     )
 
     once = accesses == 1
-    distinct = int(bytes_b.sum())
 
     def share(x, y):
         return float(x) / float(y) if y else None
@@ -735,6 +803,6 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict):
         "clairvoyant_bound_dollars": float(clair.sum()),
         "negative_value_bytes_share": share(bytes_b[total < 0].sum(), distinct),
         "positive_window_value_access_share": share(sums["positive_window_value"], N),
-        "value_per_byte_quantiles": _weighted_quantiles(density, bytes_b, QUANTILES),
+        "value_per_byte_quantiles": quantiles,
     }
-    return per_block_df, per_prefix_df, summary
+    return per_prefix_df, summary

@@ -6,42 +6,61 @@ rollup and summary as the in-memory run **bit for bit** without holding a
 per-access array: ``tests/test_value_stream.py`` compares every column and figure,
 and every per-access value, exactly, over many chunks.
 
-Passes (after the scan of :func:`kvtrace.stream.open_stream`)
--------------------------------------------------------------
-1. **Next access** (backward): the chunks of the block spill file are read last to
-   first and each access gets the index of its block's next access
-   (:func:`kvtrace.kernels.future_stream.next_access_chunk`, one index per block
-   carried back), written to the spill file ``value-next`` (8 bytes per access; kept
-   for later passes over the same trace, removed with the trace).
-2. **Windows** (forward, two cursors over the block spill file): a lead cursor keeps
+Passes of the report (after the scan of :func:`kvtrace.stream.open_stream`)
+---------------------------------------------------------------------------
+1. **Windows** (forward, two cursors over the block spill file): a lead cursor keeps
    each block's running access count and token sums; a lag cursor closes access
    ``s``'s reuse window as soon as the lead meets the first access beyond
    ``ts[s] + horizon``, and reads the reuses off as differences of running values
    (:func:`kvtrace.kernels.future_stream.lead_lag_windows`): the integers and times
-   of :func:`kvtrace.kernels.future.future_windows`, exactly. Each chunk of the lag
-   is then complete: its next access (pass 1) gives the gap to it and the compute it
-   avoids, and the per-access float columns are computed by the in-memory code's own
-   elementwise functions. With an infinite horizon the lead reads the whole trace
-   before the lag closes anything: the reuses then come from each block's totals
-   (the closed form), still with O(blocks) state.
+   of :func:`kvtrace.kernels.future.future_windows`, exactly. The in-memory code's
+   own elementwise functions then give each access's window value, of which the
+   report counts the positive ones; each access's two flags for pass 3 (a reuse
+   within the horizon; the access starts a stay) go to a spill file (1 byte per
+   access, removed after pass 3), and the lead's counts are each block's accesses.
+   With an infinite horizon the lead reads the whole trace before the lag closes
+   anything: the reuses then come from each block's totals (the closed form), still
+   with O(blocks) state.
+2. **Next access** (backward): the chunks of the block spill file are read last to
+   first and each access gets the index of its block's next access
+   (:func:`kvtrace.kernels.future_stream.next_access_chunk`, one index per block
+   carried back), written to the spill file ``value-next`` (8 bytes per access; kept
+   for later passes over the same trace, removed with the trace).
 3. **Reduce**, chunk by chunk in trace order, as the in-memory run does over whole
-   arrays: per-block sums in ``np.bincount``'s order, numpy's pairwise sums over
-   accesses (:mod:`kvtrace.kernels.sums`), the best keep/drop schedule's dynamic
-   programme with its per-block state carried (``best_keep_value_into``).
+   arrays: the next access gives the gap to it and the compute it avoids, the flags
+   the schedule's writes and hits; then per-block sums in ``np.bincount``'s order,
+   numpy's pairwise sums over accesses (:mod:`kvtrace.kernels.sums`), the best
+   keep/drop schedule's dynamic programme with its per-block state carried
+   (``best_keep_value_into``).
+4. **Tables**: the per-prefix table and the summary (:func:`kvtrace.value._tables`,
+   shared with the in-memory run). The per-block table is built on first use
+   (``ValueResult.per_block``; ``kvtrace value`` builds it only for ``--out``): it
+   alone is about 105 bytes per block.
 
-Memory, per distinct block M and request R (bytes): about 170 x M (the two cursors'
-per-block counters, the per-block sums and the keep/drop state; the per-block tables
-at the end hold about 100 x M more) + the streamed trace's own (~16 x M + 20 x R) +
-one chunk of ``CHUNK_ACCESSES / CHUNK_SHARE`` accesses (256K by default, about 300
-bytes each with temporaries: ~80 MB). Nothing grows with the horizon or the number of
-accesses: the lag re-reads the block ids from disk instead of holding the accesses
-whose window is still open (measured on 3.2M accesses, 300K blocks, chunks of 64K:
-80 MB above the scan's peak, against 575 MB in memory). Disk: 8 bytes per access
-(``value-next``), plus 8 per access for each :func:`streamed_values` file, in the
-trace's spill directory.
+The windows and the reduce are separate passes so that their per-block states are
+never held at once (one pass held both, 170 bytes per block).
+
+Memory, per distinct block M and request R (bytes), counts and indices in int32 below
+2**31 accesses, requests and blocks: the windows hold 49 x M (count, token and
+position-token sums of each cursor, the lead's latest time, the previous window's
+flag); the reduce 60 x M (gain, cost and value sums, the schedule's two states, hits,
+first and last request, root, accesses); the tables 32 x M (accesses, root, gain,
+value and bound, kept for the per-block table; its first and last request, hits and
+cost, 20 x M, wait in a spill directory of their own) + about 32 x M of temporaries
+(the value densities and their order, then the bytes and the per-prefix frame's
+columns). On top: the streamed trace's own (20 x M + 20 x R) and one chunk of
+``CHUNK_ACCESSES / CHUNK_SHARE`` accesses (256K by default, about 300 bytes each with
+temporaries: ~80 MB). Nothing grows with the horizon or the number of accesses: the
+lag re-reads the block ids from disk instead of holding the accesses whose window is
+still open. Measured on 300M accesses, 51.9M blocks, 19.4M requests (horizon 1 h):
+peak RSS 5.47 GB, in the tables (4.24 GB in the scan, 4.57 GB in the windows, 5.16 GB
+in the reduce); 168-182 s end to end. Disk: 9 bytes per access (``value-next``, the
+flags) in the trace's spill directory and 20 bytes per block beside it, plus 8 per
+access for each :func:`streamed_values` file.
 
 Per-access output (``--accesses-out``, :meth:`StreamedFutureReuse.write_table`) is
-made by a second windows pass and written chunk by chunk, atomically
+made by another windows pass (with the next accesses of pass 2, and each block's
+latest access index: 53 x M) and written chunk by chunk, atomically
 (:func:`kvtrace.outputs.write_table_chunks`).
 """
 
@@ -50,6 +69,8 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import shutil
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -57,6 +78,7 @@ from typing import Callable, Iterator
 import numpy as np
 import polars as pl
 
+from . import spill as spill_mod
 from . import stream as stream_mod
 from .errors import KvtraceError
 from .kernels.future import best_keep_value_into
@@ -70,18 +92,17 @@ from .value import (
     StorageCosts,
     ValueResult,
     _access_values,
+    _block_table,
     _clairvoyant_interval,
     _cost_parts,
     _info,
+    _interval_values,
     _prefill_gpu_seconds,
     _setup,
     _tables,
+    _window_values,
     _write_cost,
 )
-try:
-    from kvprobe import probe as _probe  # PROBE
-except ImportError:  # PROBE
-    _probe = lambda *_: None  # PROBE
 
 __all__ = ["StreamedFutureReuse", "streamed_value_report", "streamed_values"]
 
@@ -98,6 +119,11 @@ def _chunk_accesses() -> int:
     return max(1, stream_mod.CHUNK_ACCESSES // CHUNK_SHARE)
 
 
+def _index_dtype(n: int):
+    """The narrowest of int32 / int64 that holds every index and count below ``n``."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
 @dataclass
 class _Chunk:
     """The accesses of one chunk of whole requests, as the windows pass reads them."""
@@ -110,6 +136,40 @@ class _Chunk:
     ts: np.ndarray  # float64, seconds
     tokens: np.ndarray  # int64
     q: np.ndarray  # int64 position-token sums
+
+
+class _WindowState:
+    """The per-block state :func:`lead_lag_windows` carries (its docstring), counts and
+    indices in int32 when the trace has fewer than 2**31 accesses: 49 bytes per block,
+    53 with ``latest`` (the last reuse's index, for the per-access arrays only)."""
+
+    def __init__(self, n_blocks: int, n_accesses: int, latest: bool) -> None:
+        idx = _index_dtype(n_accesses)
+        self.count = np.zeros(n_blocks, dtype=idx)
+        self.cum_tokens = np.zeros(n_blocks, dtype=np.int64)
+        self.cum_q = np.zeros(n_blocks, dtype=np.int64)
+        self.latest = np.full(n_blocks if latest else 0, -1, dtype=idx)
+        self.latest_ts = np.zeros(n_blocks, dtype=np.float64)
+        self.closed = np.zeros(n_blocks, dtype=idx)
+        self.closed_tokens = np.zeros(n_blocks, dtype=np.int64)
+        self.closed_q = np.zeros(n_blocks, dtype=np.int64)
+        self.prev_keep = np.zeros(n_blocks, dtype=bool)
+
+    def arrays(self) -> tuple:
+        return (self.count, self.cum_tokens, self.cum_q, self.latest, self.latest_ts, self.closed,
+                self.closed_tokens, self.closed_q, self.prev_keep)
+
+
+@dataclass
+class _Windows:
+    """The window outputs of one lag chunk (``last_t`` empty unless tracked)."""
+
+    reuses: np.ndarray
+    last_t: np.ndarray
+    last_gap: np.ndarray
+    reuse_tokens: np.ndarray
+    reuse_q: np.ndarray
+    starts_stay: np.ndarray
 
 
 @dataclass
@@ -205,27 +265,41 @@ class StreamedFutureReuse:
 
     # ------------------------------------------------------------------ the passes
     def _pass(self, progress: Progress | None = None) -> Iterator[tuple[_Chunk, FutureReuse]]:
-        """Passes 1 and 2 of the module docstring: every chunk's per-access arrays."""
+        """The windows and next-access passes (module docstring): every chunk's
+        per-access arrays."""
         t = self.trace
-        N, M = t.n_accesses, t.n_blocks
+        N = t.n_accesses
         total = 2 * N
-        req_ts = t.request_timestamp.astype(np.float64, copy=False)
-        _check_order(t, req_ts)
-        _probe('value pass start')  # PROBE
+        req_ts = _request_times(t)
         next_path = _next_accesses(t, None if progress is None else (lambda d, _n: progress(d, total)))
-        _probe('next accesses done')  # PROBE
-        size64 = t.block_size.astype(np.int64)
         bpt = int(self.info["kv_bytes_per_token"])
-        B = int(t.meta.block_tokens)
-        a = t.accesses
-        lead_state = np.zeros((4, M), dtype=np.int64)
-        lead_state[3] = -1
-        latest_ts = np.zeros(M, dtype=np.float64)
-        lag_state = np.zeros((3, M), dtype=np.int64)
-        prev_keep = np.zeros(M, dtype=bool)
+        state = _WindowState(t.n_blocks, N, latest=True)
+        with open(next_path, "rb") as f_next:
+            for lag, w in self._windows(req_ts, state):
+                m = lag.block.shape[0]
+                next_t = _read_exact(f_next, np.int64, m, next_path)
+                nbytes = t.block_size[lag.block].astype(np.int64) * bpt
+                next_gap, interval_gain = self._next_columns(lag.ts, next_t, w.reuses > 0, req_ts)
+                hold, gain_s, gain_d, cost, value, interval_value = _access_values(
+                    self.model, self.gpu, self.costs, self.horizon_s, nbytes, w.reuses, w.last_gap, w.reuse_tokens,
+                    w.reuse_q, next_gap, interval_gain, w.starts_stay)
+                yield lag, FutureReuse(
+                    block=lag.block, timestamp_s=lag.ts, next_t=next_t, next_gap_s=next_gap, reuses=w.reuses,
+                    last_reuse_t=w.last_t, hold_s=hold, reuse_tokens=w.reuse_tokens, bytes=nbytes,
+                    gain_gpu_seconds=gain_s, gain_dollars=gain_d, cost_dollars=cost, value_dollars=value,
+                    interval_gain_gpu_seconds=interval_gain, interval_value_dollars=interval_value,
+                    starts_stay=w.starts_stay, horizon_s=self.horizon_s, costs=self.costs, info=self.info)
+                if progress is not None:
+                    progress(N + lag.lo + m, total)
+
+    def _windows(self, req_ts: np.ndarray, state: _WindowState) -> Iterator[tuple[_Chunk, _Windows]]:
+        """The windows pass (module docstring): each lag chunk with its window outputs,
+        ``state`` carried (``state.latest`` empty: ``last_t`` not made)."""
+        t = self.trace
         size = _chunk_accesses()
+        track = state.latest.shape[0] > 0
         blocks_path = t.spill / "blocks"
-        with open(blocks_path, "rb") as f_lead, open(blocks_path, "rb") as f_lag, open(next_path, "rb") as f_next:
+        with open(blocks_path, "rb") as f_lead, open(blocks_path, "rb") as f_lag:
             lead_chunks, lag_chunks = t._chunks(size), t._chunks(size)
             lead = _read_chunk(t, f_lead, next(lead_chunks, None), req_ts)
             final = lead is None
@@ -233,56 +307,37 @@ class StreamedFutureReuse:
             for lag_c in lag_chunks:
                 lag = _read_chunk(t, f_lag, lag_c, req_ts)
                 m = lag.block.shape[0]
-                reuses = np.empty(m, dtype=np.int64)
-                last_t = np.empty(m, dtype=np.int64)
-                last_gap = np.empty(m, dtype=np.float64)
-                reuse_tokens = np.empty(m, dtype=np.int64)
-                reuse_q = np.empty(m, dtype=np.int64)
-                starts_stay = np.empty(m, dtype=bool)
+                w = _Windows(np.empty(m, np.int64), np.empty(m if track else 0, np.int64), np.empty(m, np.float64),
+                             np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, bool))
                 j = 0
                 while True:
                     cur = lead if lead is not None else _EMPTY
                     i, j = lead_lag_windows(cur.block, cur.ts, cur.tokens, cur.q, cur.lo, i,
                                             lag.block, lag.ts, lag.tokens, lag.q, j, self.horizon_s, final,
-                                            lead_state, latest_ts, lag_state, prev_keep,
-                                            reuses, last_t, last_gap, reuse_tokens, reuse_q, starts_stay)
+                                            *state.arrays(), w.reuses, w.last_t, w.last_gap, w.reuse_tokens,
+                                            w.reuse_q, w.starts_stay)
                     if j == m:
                         break
                     lead = _read_chunk(t, f_lead, next(lead_chunks, None), req_ts)
                     final = lead is None
                     i = 0
-                next_t = _read_exact(f_next, np.int64, m, next_path)
-                fr = self._finish(lag, a, req_ts, size64, bpt, B, next_t, reuses, last_t, last_gap, reuse_tokens,
-                                  reuse_q, starts_stay)
-                yield lag, fr
-                if progress is not None:
-                    progress(N + lag.lo + m, total)
+                yield lag, w
 
-    def _finish(self, lag: _Chunk, a, req_ts, size64, bpt, B, next_t, reuses, last_t, last_gap, reuse_tokens,
-                reuse_q, starts_stay) -> FutureReuse:
-        """The per-access arrays of a chunk whose windows are all closed."""
-        m = lag.block.shape[0]
-        rs = self.trace._req_start
+    def _next_columns(self, ts, next_t, keep, req_ts):
+        """(next_gap_s, interval_gain_gpu_seconds) of a chunk from its next accesses:
+        the gap to the next access (inf: none) and the compute it avoids when ``keep``."""
+        t = self.trace
         has = next_t >= 0
-        next_gap = np.full(m, np.inf, dtype=np.float64)
-        next_req = np.searchsorted(rs, next_t[has], side="right") - 1
-        next_gap[has] = req_ts[next_req] - lag.ts[has]
-        keep = reuses > 0
+        next_gap = np.full(ts.shape[0], np.inf, dtype=np.float64)
+        next_req = np.searchsorted(t._req_start, next_t[has], side="right") - 1
+        next_gap[has] = req_ts[next_req] - ts[has]
         nk = next_t[keep]
+        a = t.accesses
         k_next = a.tokens[nk].astype(np.int64)
-        q_next = k_next * (a.pos[nk].astype(np.int64) * B) + k_next * (k_next - 1) // 2
-        interval_gain = np.zeros(m, dtype=np.float64)
+        q_next = k_next * (a.pos[nk].astype(np.int64) * int(t.meta.block_tokens)) + k_next * (k_next - 1) // 2
+        interval_gain = np.zeros(ts.shape[0], dtype=np.float64)
         interval_gain[keep] = _prefill_gpu_seconds(self.model, self.gpu, k_next, q_next)
-        nbytes = size64[lag.block] * bpt
-        hold, gain_s, gain_d, cost, value, interval_value = _access_values(
-            self.model, self.gpu, self.costs, self.horizon_s, nbytes, reuses, last_gap, reuse_tokens, reuse_q,
-            next_gap, interval_gain, starts_stay)
-        return FutureReuse(
-            block=lag.block, timestamp_s=lag.ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses,
-            last_reuse_t=last_t, hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s,
-            gain_dollars=gain_d, cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
-            interval_value_dollars=interval_value, starts_stay=starts_stay, horizon_s=self.horizon_s,
-            costs=self.costs, info=self.info)
+        return next_gap, interval_gain
 
 
 _EMPTY = _Chunk(0, 0, np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float64),
@@ -318,12 +373,15 @@ def _read_chunk(t: StreamedTrace, fh, chunk, req_ts: np.ndarray) -> _Chunk | Non
     return _Chunk(r, lo, lrs, local_req, block, req_ts[r + local_req], k, q)
 
 
-def _check_order(t: StreamedTrace, req_ts: np.ndarray) -> None:
-    """The in-memory run's check that access times never decrease."""
+def _request_times(t: StreamedTrace) -> np.ndarray:
+    """float64 arrival of each request, after the in-memory run's check that access
+    times never decrease."""
+    req_ts = t.request_timestamp.astype(np.float64, copy=False)
     rs = t._req_start
     ts = req_ts[rs[1:] > rs[:-1]]
     if ts.size > 1 and np.any(np.diff(ts) < 0):
         raise KvtraceError("access timestamps must be non-decreasing in trace order", field="timestamp")
+    return req_ts
 
 
 def _next_accesses(t: StreamedTrace, progress: Progress | None) -> Path:
@@ -332,10 +390,10 @@ def _next_accesses(t: StreamedTrace, progress: Progress | None) -> Path:
     if path.exists():
         return path
     tmp = path.with_name(path.name + ".tmp")
-    nxt = np.full(t.n_blocks, -1, dtype=np.int64)
+    N = t.n_accesses
+    nxt = np.full(t.n_blocks, -1, dtype=_index_dtype(N))
     chunks = list(t._chunks(_chunk_accesses()))  # O(requests / chunk)
     itemsize = np.dtype(stream_mod._ID_DTYPE).itemsize
-    N = t.n_accesses
     try:
         with open(t.spill / "blocks", "rb") as fin, open(tmp, "wb") as fout:
             fout.truncate(N * 8)
@@ -362,60 +420,131 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
     """:func:`kvtrace.value.value_report` of a streamed trace (which dispatches here).
 
     Same arguments and result, bit for bit; ``result.future`` is a
-    :class:`StreamedFutureReuse`. Memory and disk: module docstring.
+    :class:`StreamedFutureReuse`, and ``result.per_block`` is built on first use.
+    Passes, memory and disk: module docstring.
     """
     fut = StreamedFutureReuse.of(trace, model, gpu, horizon_s, costs)
+    t = trace  # short: used in most lines below
+    M, N = t.n_blocks, t.n_accesses
+    bpt = int(fut.info["kv_bytes_per_token"])
+    report = (lambda done: None) if progress is None else (lambda done: progress(done, 3 * N))
+    req_ts = _request_times(t)
+
+    # windows: each access's window value (only its sign is reported) and its two
+    # flags for the reduce pass (reuse within the horizon; starts a stay)
+    flags_path = t.spill / f"value-flags-{fut._key()}"
+    state = _WindowState(M, N, latest=False)
+    positive = 0
+    try:
+        with open(flags_path, "wb") as fh:
+            for lag, w in fut._windows(req_ts, state):
+                fbytes = (t.block_size[lag.block].astype(np.int64) * bpt).astype(np.float64)
+                value = _window_values(fut.model, fut.gpu, fut.costs, fut.horizon_s, fbytes, w.reuses, w.last_gap,
+                                       w.reuse_tokens, w.reuse_q)[-1]
+                positive += int(np.count_nonzero(value > 0))
+                ((w.reuses > 0).view(np.uint8) | (w.starts_stay.view(np.uint8) << 1)).tofile(fh)
+                report(lag.lo + lag.block.shape[0])
+        accesses = state.count  # the lead has read every access
+        del state
+        next_path = _next_accesses(t, lambda d, _n: report(N + d))
+        cols = _reduce(fut, req_ts, next_path, flags_path, lambda d: report(2 * N + d))
+    finally:
+        flags_path.unlink(missing_ok=True)
+    first_req, last_req, hits, cost = cols.pop("first_req"), cols.pop("last_req"), cols.pop("hits"), cols.pop("cost")
+    parked = _Parked(t.spill.parent, first_req=first_req, last_req=last_req, hits=hits, cost=cost)
+    del first_req, last_req, hits, cost
+    blocks = {"root_block": cols.pop("root"), "accesses": accesses, "gain_gpu_seconds": cols.pop("gain_s"),
+              "total_value_dollars": cols.pop("total"), "clairvoyant_value_dollars": cols.pop("free")}
+    del accesses
+    cols["positive_window_value"] = positive
+    per_prefix_df, summary = _tables(t, fut, N, blocks, cols)
+
+    def per_block() -> pl.DataFrame:
+        more = parked.load()
+        ts = t.request_timestamp
+        return _block_table(t, bpt, {**blocks, "root_block": blocks["root_block"].astype(np.int64),
+                                     "accesses": blocks["accesses"].astype(np.int64),
+                                     "first_seen_s": ts[more["first_req"]], "last_seen_s": ts[more["last_req"]],
+                                     "horizon_hits": more["hits"].astype(np.int64), "cost_dollars": more["cost"]})
+
+    return ValueResult(per_block, per_prefix_df, summary, fut)
+
+
+def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags_path: Path,
+            progress: Callable[[int], None]) -> dict:
+    """The reduce pass (module docstring): per-block sums and schedules and per-access
+    totals, in trace order, from the spilled next accesses and window flags."""
+    t = fut.trace
     c = fut.costs
-    M, N = trace.n_blocks, trace.n_accesses
+    M, N = t.n_blocks, t.n_accesses
     tail = fut.horizon_s if math.isfinite(fut.horizon_s) else 0.0
-    bytes_b = trace.block_size.astype(np.int64) * int(fut.info["kv_bytes_per_token"])
-    write_cost_b = _write_cost(c, bytes_b)
+    bpt = int(fut.info["kv_bytes_per_token"])
+    idx, ridx = _index_dtype(N), _index_dtype(t.n_requests)
     gain_s = np.zeros(M, dtype=np.float64)
     cost = np.zeros(M, dtype=np.float64)
     total = np.zeros(M, dtype=np.float64)
     stored = np.full(M, -np.inf, dtype=np.float64)
     free = np.zeros(M, dtype=np.float64)
-    hits = np.zeros(M, dtype=np.int64)
-    first_req = np.full(M, -1, dtype=np.int64)
-    last_req = np.zeros(M, dtype=np.int64)
-    root = np.zeros(M, dtype=np.int64)
+    hits = np.zeros(M, dtype=idx)
+    first_req = np.full(M, -1, dtype=ridx)
+    last_req = np.zeros(M, dtype=ridx)
+    root = np.zeros(M, dtype=_index_dtype(M))
     write_sum, read_sum, occ_sum = PairwiseSum(N), PairwiseSum(N), PairwiseSum(N)
-    no_reuse = positive = 0
-    accesses = np.zeros(M, dtype=np.int64)
-    for chunk, fr in fut._pass(progress):
-        block, keep = fr.block, fr.keepable
-        write_acc, read_acc, occ_acc = _cost_parts(c, fr.bytes, keep, fr.next_gap_s, fr.starts_stay, tail)
-        add_at(gain_s, block, fr.interval_gain_gpu_seconds)
-        add_at(cost, block, write_acc + read_acc + occ_acc)
-        add_at(total, block, fr.interval_value_dollars)
-        best_keep_value_into(block, keep, _clairvoyant_interval(fr, fr.interval_gain_gpu_seconds, read_acc, occ_acc,
-                                                                keep), write_cost_b, stored, free)
-        count_at(accesses, block, np.ones(block.shape[0], dtype=bool))
-        count_at(hits, block, ~fr.starts_stay)
-        block_extent(block, chunk.local_req, chunk.r, first_req, last_req, root, chunk.lrs)
-        write_sum.add(write_acc)
-        read_sum.add(read_acc)
-        occ_sum.add(occ_acc)
-        no_reuse += int(np.count_nonzero(~keep))
-        positive += int(np.count_nonzero(fr.value_dollars > 0))
-    _probe('value pass done')  # PROBE
-    req_ts = trace.request_timestamp
-    blocks = {
-        "root_block": root,
-        "first_seen_s": req_ts[first_req],
-        "last_seen_s": req_ts[last_req],
-        "accesses": accesses,
-        "horizon_hits": hits,
-        "gain_gpu_seconds": gain_s,
-        "cost_dollars": cost,
-        "total_value_dollars": total,
-        "clairvoyant_value_dollars": free,
-    }
-    sums = {"write_cost_dollars": write_sum.value, "read_cost_dollars": read_sum.value,
-            "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse, "positive_window_value": positive}
-    per_block_df, per_prefix_df, summary = _tables(trace, fut, N, blocks, sums)
-    _probe('tables done')  # PROBE
-    return ValueResult(per_block_df, per_prefix_df, summary, fut)
+    no_reuse = 0
+    blocks_path = t.spill / "blocks"
+    with open(blocks_path, "rb") as f_block, open(next_path, "rb") as f_next, open(flags_path, "rb") as f_flags:
+        for r, r_end, lo, hi in t._chunks(_chunk_accesses()):
+            m = hi - lo
+            block = _read_exact(f_block, stream_mod._ID_DTYPE, m, blocks_path).astype(np.int64)
+            next_t = _read_exact(f_next, np.int64, m, next_path)
+            flags = _read_exact(f_flags, np.uint8, m, flags_path)
+            keep, starts_stay = (flags & 1).view(bool), (flags >> 1).view(bool)
+            lrs, _, _, local_req = t._layout(r, r_end, lo)
+            ts = req_ts[r + local_req]
+            next_gap, interval_gain = fut._next_columns(ts, next_t, keep, req_ts)
+            nbytes = t.block_size[block].astype(np.int64) * bpt
+            interval_value = _interval_values(fut.gpu, c, fut.horizon_s, nbytes.astype(np.float64), keep, next_gap,
+                                              interval_gain, starts_stay)
+            write_acc, read_acc, occ_acc = _cost_parts(c, nbytes, keep, next_gap, starts_stay, tail)
+            add_at(gain_s, block, interval_gain)
+            add_at(cost, block, write_acc + read_acc + occ_acc)
+            add_at(total, block, interval_value)
+            best_keep_value_into(block, keep, _clairvoyant_interval(fut.info, interval_gain, read_acc, occ_acc, keep),
+                                 _write_cost(c, nbytes), stored, free)
+            count_at(hits, block, ~starts_stay)
+            block_extent(block, local_req, r, first_req, last_req, root, lrs)
+            write_sum.add(write_acc)
+            read_sum.add(read_acc)
+            occ_sum.add(occ_acc)
+            no_reuse += int(np.count_nonzero(~keep))
+            progress(hi)
+    return {"gain_s": gain_s, "cost": cost, "total": total, "free": free, "hits": hits, "first_req": first_req,
+            "last_req": last_req, "root": root, "write_cost_dollars": write_sum.value,
+            "read_cost_dollars": read_sum.value, "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse}
+
+
+class _Parked:
+    """Per-block arrays of a streamed report that its summary does not read, kept on
+    disk until the per-block table is built (20 bytes per block less in memory while
+    the summary runs). They live in a spill directory of their own (:mod:`kvtrace.spill`,
+    next to the trace's), so the table can still be built after the trace is closed;
+    it goes with its builder: once the table is built, or with the result (or as stale,
+    after a killed run)."""
+
+    def __init__(self, parent: Path, **arrays: np.ndarray) -> None:
+        self.dir = spill_mod.make_spill_dir(parent)
+        self._remove = weakref.finalize(self, shutil.rmtree, self.dir, True)
+        self.dtypes = {}
+        try:
+            for name, x in arrays.items():
+                x.tofile(self.dir / name)
+                self.dtypes[name] = x.dtype
+        except BaseException:
+            self._remove()
+            raise
+
+    def load(self) -> dict:
+        return {name: np.fromfile(self.dir / name, dtype=dtype) for name, dtype in self.dtypes.items()}
 
 
 def streamed_values(trace: StreamedTrace, *, model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,

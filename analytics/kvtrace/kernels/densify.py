@@ -23,6 +23,9 @@ _EMPTY = -1
 #: Most entries of a direct table (64 Mi int32 = 256 MiB).
 DIRECT_LIMIT = 1 << 26
 _LOAD = 0.5
+#: Most distinct blocks: ids are int32 in the lookup tables (a hash-table slot is 16
+#: bytes, at most 2 slots per block), as in a streamed trace's spill file.
+MAX_BLOCKS = int(np.iinfo(np.int32).max)
 
 
 @njit(**NJIT)
@@ -56,7 +59,7 @@ class DensifyState:
     def _new_table(self, cap: int) -> None:
         self.slot_hash = np.zeros(cap, dtype=np.uint64)
         self.slot_ns = np.zeros(cap, dtype=np.int32)
-        self.slot_id = np.full(cap, _EMPTY, dtype=np.int64)
+        self.slot_id = np.full(cap, _EMPTY, dtype=np.int32)
 
     def fits_direct(self, top: int, ns_max: int) -> bool:
         return self.direct is not None and ns_max + 2 <= self.n_ns and (top + 1) * self.n_ns <= self.direct.shape[0]
@@ -179,6 +182,11 @@ def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 
     ids : int64[N]
     state : DensifyState
         ``state.arrays()`` gives (hash, namespace, size) per dense id.
+
+    Raises
+    ------
+    OverflowError
+        More than :data:`MAX_BLOCKS` distinct blocks.
     """
     hashes = np.ascontiguousarray(hashes, dtype=np.uint64)
     ns = np.ascontiguousarray(ns, dtype=np.int32)
@@ -214,4 +222,6 @@ def densify(hashes, ns, tokens, state: DensifyState | None = None, chunk: int = 
                 hashes[lo:hi], ns[lo:hi], tokens[lo:hi], state.slot_hash, state.slot_ns, state.slot_id,
                 state.block_hash, state.block_ns, state.block_size, state.n_blocks, out[lo:hi],
             )
+        if state.n_blocks > MAX_BLOCKS:  # a table id wrapped: no id of this chunk on is certain
+            raise OverflowError(f"more than {MAX_BLOCKS:,} distinct blocks")
     return out, state

@@ -135,6 +135,17 @@ def future_windows(block, ts, tokens, pos_token_sum, n_blocks, horizon):
     return next_t, next_gap, reuses, last_t, last_gap, reuse_tokens, reuse_q
 
 
+@njit(**NJIT_INLINE)
+def _keep_step(b, keepable, interval_value, write_cost, stored, free):
+    """One access of block ``b`` in the programme of :func:`best_keep_value`."""
+    best = max(stored[b], free[b])
+    if keepable:
+        stored[b] = max(stored[b], free[b] - write_cost) + interval_value
+    else:
+        stored[b] = -np.inf
+    free[b] = best
+
+
 @njit(**NJIT)
 def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
     """Best net value per block over every keep/drop schedule (clairvoyant, unbounded).
@@ -174,20 +185,19 @@ def best_keep_value(block, n_blocks, keepable, interval_value, write_cost):
     """
     stored = np.full(n_blocks, -np.inf, dtype=np.float64)
     free = np.zeros(n_blocks, dtype=np.float64)
-    best_keep_value_into(block, keepable, interval_value, write_cost, stored, free)
+    for t in range(block.shape[0]):
+        b = block[t]
+        _keep_step(b, keepable[t], interval_value[t], write_cost[b], stored, free)
     return free
 
 
 @njit(**NJIT)
-def best_keep_value_into(block, keepable, interval_value, write_cost, stored, free):
+def best_keep_value_into(block, keepable, interval_value, access_write_cost, stored, free):
     """The dynamic programme of :func:`best_keep_value` over some accesses, carrying
     ``stored`` (float64[M], starts at -inf) and ``free`` (float64[M], starts at 0)
-    from call to call: fed a trace chunk by chunk, ``free`` ends as its result."""
+    from call to call: fed a trace chunk by chunk, ``free`` ends as its result.
+
+    ``access_write_cost[t]`` (float64, $) is the cost of writing ``block[t]`` once,
+    given per access so that a streamed caller holds no per-block array for it."""
     for t in range(block.shape[0]):
-        b = block[t]
-        best = max(stored[b], free[b])
-        if keepable[t]:
-            stored[b] = max(stored[b], free[b] - write_cost[b]) + interval_value[t]
-        else:
-            stored[b] = -np.inf
-        free[b] = best
+        _keep_step(block[t], keepable[t], interval_value[t], access_write_cost[t], stored, free)

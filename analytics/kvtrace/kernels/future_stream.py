@@ -38,7 +38,7 @@ def next_access_chunk(block, lo, nxt, next_t):
         Dense block ids of accesses ``lo .. lo + m - 1``.
     lo : int
         Trace index of the chunk's first access.
-    nxt : int64[M]
+    nxt : int32 or int64[M]
         Carried state: each block's earliest access after the chunk (-1: none). Updated.
     next_t : int64[m]
         Output: trace index of the next access of the same block, -1 for none.
@@ -52,7 +52,7 @@ def next_access_chunk(block, lo, nxt, next_t):
 @njit(**NJIT)
 def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
                      lag_block, lag_ts, lag_tokens, lag_q, j, horizon, final,
-                     lead_state, latest_ts, lag_state, prev_keep,
+                     count, cum_tokens, cum_q, latest, latest_ts, closed, closed_tokens, closed_q, prev_keep,
                      reuses, last_t, last_gap, reuse_tokens, reuse_q, starts_stay):
     """Advance both cursors until the lag's chunk is closed or the lead's is read.
 
@@ -71,13 +71,17 @@ def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
         Seconds, >= 0 (inf allowed).
     final : bool
         The lead has read the whole trace: close every window.
-    lead_state : int64[4, M]
-        Per block: accesses, token sum, position-token sum read by the lead; its
-        latest access's trace index (-1: none). Updated.
+    count, cum_tokens, cum_q : per-block state of the lead, [M]
+        Accesses (int32 when the trace has < 2**31 accesses, else int64), token sum
+        and position-token sum (int64) read by the lead. Updated.
+    latest : int32 or int64[M], or empty
+        Trace index of each block's latest access read by the lead (-1: none).
+        Updated. Empty: not tracked, and ``last_t`` is not written (may be empty).
     latest_ts : float64[M]
         Time of each block's latest access read by the lead. Updated.
-    lag_state : int64[3, M]
-        Per block: accesses, token sum, position-token sum closed by the lag. Updated.
+    closed, closed_tokens, closed_q : per-block state of the lag, [M]
+        Accesses (as ``count``), token sum and position-token sum closed by the lag.
+        Updated.
     prev_keep : bool[M]
         Whether each block's latest closed window holds a reuse. Updated.
     reuses, last_t, last_gap, reuse_tokens, reuse_q : outputs per lag access
@@ -94,8 +98,7 @@ def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
     """
     n_lead = lead_block.shape[0]
     n_lag = lag_block.shape[0]
-    count, cum_tokens, cum_q, latest = lead_state[0], lead_state[1], lead_state[2], lead_state[3]
-    closed, closed_tokens, closed_q = lag_state[0], lag_state[1], lag_state[2]
+    track = latest.shape[0] > 0
     while j < n_lag:
         if not final:
             if i == n_lead:
@@ -106,7 +109,8 @@ def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
                 count[b] += 1
                 cum_tokens[b] += lead_tokens[i]
                 cum_q[b] += lead_q[i]
-                latest[b] = lead_lo + i
+                if track:
+                    latest[b] = lead_lo + i
                 latest_ts[b] = lead_ts[i]
                 i += 1
                 continue
@@ -121,10 +125,12 @@ def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
         reuse_tokens[j] = cum_tokens[b] - closed_tokens[b]
         reuse_q[j] = cum_q[b] - closed_q[b]
         if r > 0:
-            last_t[j] = latest[b]
+            if track:
+                last_t[j] = latest[b]
             last_gap[j] = latest_ts[b] - lag_ts[j]
         else:
-            last_t[j] = -1
+            if track:
+                last_t[j] = -1
             last_gap[j] = 0.0
         starts_stay[j] = not prev_keep[b]
         prev_keep[b] = r > 0
