@@ -782,7 +782,9 @@ def quantise_times(req_ts):
     shift = 0
     while math.ldexp(span, -(HIST_MIN_EXP + shift)) >= 2.0**31 - 1:
         shift += 1
-    return np.floor(np.ldexp(rel, -(HIST_MIN_EXP + shift))).astype(np.int32), shift
+    np.ldexp(rel, -(HIST_MIN_EXP + shift), out=rel)  # in place: one temporary per request, not three
+    np.floor(rel, out=rel)
+    return rel.astype(np.int32), shift
 
 
 class TierRun(NamedTuple):
@@ -912,6 +914,8 @@ class TierSimulator:
             raise ValueError("the tier simulator indexes requests with int32: at most 2**31 - 2")
         if M and (int(size.max()) >= 2**31 or int(size.min()) < 0):
             raise ValueError("block sizes must be 0..2**31 - 1 tokens")
+        self.req_ts = req_ts
+        self.req_tq, self.shift = quantise_times(req_ts)  # its temporaries go before the block table comes
         self.st = _state(size, n_lists)
         ip = np.zeros(N_IP, dtype=np.int64)
         ip[I_POLICY] = int(policy)
@@ -948,8 +952,6 @@ class TierSimulator:
         self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
         self.sums = np.zeros(N_SUMS, dtype=np.float64)
         self.hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
-        self.req_ts = req_ts
-        self.req_tq, self.shift = quantise_times(req_ts)
         ip[I_TIME_SHIFT] = self.shift
         self.ip = ip
         self.cap = cap
