@@ -1581,7 +1581,12 @@ def sql(
 
 def main() -> None:
     """Console-script entry point."""
+    import faulthandler
     import signal
+
+    # A crash inside native code (Numba, Arrow, Polars) prints the Python stack on
+    # stderr instead of dying silently: the one trace a report needs.
+    faulthandler.enable()
 
     def terminated(signum, frame):  # SIGTERM unwinds like Ctrl+C: temporary files are removed
         raise SystemExit(128 + signum)
