@@ -815,13 +815,9 @@ def _open_value_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], s
     """(trace, streamed): in memory, or scanned in chunks (kvtrace.stream). Left to
     itself it streams a Parquet trace whose in-memory value run (the guard's "value"
     profile, heavier than a curve's) would exceed the streaming budget."""
-    from .guard import PROFILES
-    from .stream import IN_MEMORY_BYTES_PER_ACCESS, in_memory_estimate, is_parquet, memory_budget, should_stream
+    from .stream import should_stream
 
-    if stream is None and is_parquet(trace_path, fmt.value) and trace_path.is_file():
-        accesses = in_memory_estimate(trace_path) // IN_MEMORY_BYTES_PER_ACCESS
-        stream = accesses * PROFILES["value"].per_access > memory_budget()
-    if not should_stream(trace_path, fmt.value, stream):
+    if not should_stream(trace_path, fmt.value, stream, workload="value"):
         return _load(trace_path, fmt, block_tokens, share_tenants, workload="value"), False
     return _scan_streamed(trace_path, fmt, block_tokens, share_tenants), True
 

@@ -180,17 +180,12 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
 
 
 def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None) -> bool:
-    """Whether ``kvtrace stats`` streams this trace: as :func:`kvtrace.stream.should_stream`
-    (``--stream``/``--no-stream``, else a Parquet trace whose in-memory run would exceed
-    the memory budget), costing the in-memory run with the stats' own peak per block
-    access (:data:`kvtrace.guard.PROFILES`)."""
-    from . import stream as st
-    from .guard import estimate_bytes
+    """Whether ``kvtrace stats`` streams this trace: :func:`kvtrace.stream.should_stream`
+    costing the in-memory run with the stats' own peak per block access
+    (:data:`kvtrace.guard.PROFILES`)."""
+    from .stream import should_stream as stream_should_stream
 
-    if stream is not None or not st.is_parquet(path, fmt) or not os.path.isfile(path):
-        return st.should_stream(path, fmt, stream)
-    n = st.in_memory_estimate(path) // st.IN_MEMORY_BYTES_PER_ACCESS
-    return estimate_bytes("stats", n, 0, 0) > st.memory_budget()
+    return stream_should_stream(path, fmt, stream, workload="stats")
 
 
 # ----------------------------------------------------------------- in memory

@@ -134,15 +134,19 @@ def in_memory_estimate(path: str | os.PathLike) -> int:
     return n * IN_MEMORY_BYTES_PER_ACCESS
 
 
-def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None) -> bool:
-    """Whether ``kvtrace curve`` streams this trace.
+def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None,
+                  workload: str | None = None) -> bool:
+    """Whether a command streams this trace.
 
     Parameters
     ----------
     stream : bool or None
         ``True``/``False`` force it (``--stream``/``--no-stream``); None decides: a
-        Parquet trace streams when :func:`in_memory_estimate` exceeds
+        Parquet trace streams when its in-memory run would exceed
         :func:`memory_budget`; other formats are read in memory.
+    workload : str, optional
+        The command's profile in :data:`kvtrace.guard.PROFILES`, whose bytes per
+        access cost the in-memory run; default a curve's (:func:`in_memory_estimate`).
     """
     if stream is not None:
         if stream and not is_parquet(path, fmt):
@@ -151,7 +155,12 @@ def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | Non
         return bool(stream)
     if not is_parquet(path, fmt) or not os.path.isfile(path):
         return False
-    return in_memory_estimate(path) > memory_budget()
+    need = in_memory_estimate(path)
+    if workload is not None:
+        from .guard import estimate_bytes
+
+        need = estimate_bytes(workload, need // IN_MEMORY_BYTES_PER_ACCESS, 0, 0)
+    return need > memory_budget()
 
 
 # --------------------------------------------------------------------------- the trace
