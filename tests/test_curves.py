@@ -629,3 +629,20 @@ def test_turn_and_session_length_groups_partition_the_trace(by):
             lo, _, hi = name.partition("-")
             lo = int(lo.rstrip("+"))
             assert (t >= lo) if name.endswith("+") else (lo <= t <= int(hi or lo))
+
+
+@settings(max_examples=200, deadline=None)
+@given(grid=st.one_of(st.lists(st.integers(1, 2**62), min_size=1, max_size=300, unique=True),
+                      st.lists(st.integers(1, 5000), min_size=1, max_size=300, unique=True)),
+       keys=st.lists(st.one_of(st.integers(-3, 6000), st.integers(-3, 2**63 - 2), st.just(2**63 - 1)),
+                     min_size=1, max_size=200))
+def test_bin_lookup_is_a_binary_search(grid, keys):
+    # the bucketed, branch-free lookup behind every curve, against numpy's search
+    # (dense grids put many capacities in one bucket; 2**63 - 1 is COLD)
+    from kvtrace.kernels.hitcurve import COLD, _bin_fast, _bucket_starts
+
+    g = np.array(sorted(grid), dtype=np.int64)
+    starts, padded, steps = _bucket_starts(g)
+    for k in keys:
+        want = g.shape[0] + 1 if k == COLD else int(np.searchsorted(g, k, side="left"))
+        assert _bin_fast(g.shape[0], padded, starts, steps, np.int64(k)) == want

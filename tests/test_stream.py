@@ -74,11 +74,18 @@ def test_scan_gives_the_in_memory_access_table(mixed, loaded):
     with open_stream(mixed) as st:
         a = loaded.accesses
         assert_array_equal(st.accesses.req_start, a.req_start)
-        assert_array_equal(np.asarray(st.accesses.block), a.block)
-        assert_array_equal(np.asarray(st.accesses.request), a.request)
-        every = np.arange(loaded.n_accesses)
-        assert_array_equal(st.accesses.tokens[every], a.tokens)
-        assert_array_equal(st.accesses.pos[every], a.pos)
+        chunks = list(st.access_chunks())
+        assert len(chunks) > 1 and [c.lo for c in chunks] == [int(a.req_start[c.r]) for c in chunks]
+        assert all(c.r_end == d.r for c, d in zip(chunks, chunks[1:])) and chunks[-1].r_end == loaded.n_requests
+        assert_array_equal(np.concatenate([c.block for c in chunks]), a.block)
+        assert_array_equal(np.concatenate([c.tokens for c in chunks]), a.tokens)
+        assert_array_equal(np.concatenate([c.pos for c in chunks]), a.pos)
+        only = list(st.access_chunks(blocks_only=True))
+        assert_array_equal(np.concatenate([c.block for c in only]), a.block)
+        assert all(c.tokens is None and c.pos is None for c in only)
+        every = np.arange(loaded.n_accesses)  # derived on indexing, at any accesses
+        assert_array_equal(st.accesses.tokens[every[::-1]], a.tokens[::-1])
+        assert_array_equal(st.accesses.pos[every[::-1]], a.pos[::-1])
         assert_array_equal(st.block_hash, loaded.block_hash)
         assert_array_equal(st.block_tenant, loaded.block_tenant)
         assert_array_equal(st.block_size, loaded.block_size)
@@ -157,7 +164,7 @@ def test_generic_parquet_streams_like_memory(tmp_path, share):
     mem = load_trace(path, block_tokens=16, share_tenants=share)
     assert mem.requests["timestamp"][0] == 0.0  # shifted to the first arrival
     with open_stream(path, block_tokens=16, share_tenants=share, columns=("tenant",)) as st:
-        assert_array_equal(np.asarray(st.accesses.block), mem.accesses.block)
+        assert_array_equal(np.concatenate([c.block for c in st.access_chunks(blocks_only=True)]), mem.accesses.block)
         assert_array_equal(st.request_timestamp, mem.request_timestamp)
         for ev in EVICTIONS:
             assert_same_curve(compute_curve(mem, eviction=ev, by="tenant"),

@@ -41,7 +41,7 @@ import polars as pl
 from .distances import Distances, _distances_of, normalise_eviction
 from .errors import KvtraceError, UsageError
 from .kernels.hitcurve import binned_hits, keys_in_ranges, max_finite
-from .kernels.shards import sample_distances
+from .sampled import SUBSAMPLES, sampled_pass, subsample_error
 from .kernels.stackdist import COLD
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .trace import Trace
@@ -62,7 +62,6 @@ VALUE_COLUMNS = ("gpu_seconds_saved_per_hour", "dollars_saved_per_hour", "read_b
 KNEE_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
 KNEE_METRICS = ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate")
 GROUPINGS = ("type", "tenant", "turn", "session-length")
-SUBSAMPLES = 8  # hash-disjoint sub-samples behind a sampled curve's error estimate
 KNEE_GRID_POINTS = 4096
 
 
@@ -183,9 +182,13 @@ def _natural_key(x: str):
     return (0, int(head), x) if head.isdigit() else (1, 0, x)
 
 
+_NO_SCALE = np.empty(0, dtype=np.float64)  # binning weights: all 1 (sampled passes bin themselves)
+
+
 @dataclass
 class _Stream:
-    """Arrays the curve needs, for the whole trace or a spatial sample of it."""
+    """Arrays the curve needs: the whole trace's, or (chunked passes) request offsets
+    only, or (sampled passes) the sampled requests' trace indices."""
 
     block: np.ndarray
     size: np.ndarray
@@ -193,12 +196,7 @@ class _Stream:
     tokens: np.ndarray
     pos: np.ndarray
     request: np.ndarray  # the stream's request index of each access
-    scale: np.ndarray | None = None  # sampling weight per access (None: exact, all 1)
     req_ids: np.ndarray | None = None  # trace request of each stream request (None: the identity)
-
-    @property
-    def scale_or_empty(self) -> np.ndarray:
-        return self.scale if self.scale is not None else np.empty(0, dtype=np.float64)
 
     def first_request(self, first_req: int) -> int:
         """The stream's first request at or after trace request ``first_req``."""
@@ -216,59 +214,12 @@ def _full_stream(trace: Trace) -> _Stream:
     return _Stream(a.block, trace.block_size, a.req_start, a.tokens, a.pos, a.request)
 
 
-def _sampled(trace: Trace, rate: float, ev: str) -> tuple[_Stream, Distances, np.ndarray]:
-    """The evaluated accesses of a sampled run, their distance estimates and groups.
-
-    Returns the stream (gathered arrays, weights 1/R), the distances as int64 keys
-    (ceil of the estimate: hit at C iff estimate <= C), and a sub-sample index 0..7
-    per evaluated access for the error estimate.
-    """
-    a = trace.accesses
-    t_idx, dist_e, usable_e, weight, heavy, code = sample_distances(
-        a.block, trace.block_size, a.req_start, a.request, trace.block_hash, trace.block_tenant, rate,
-        ev == "prefix-aware",
-    )
-
-    def as_key(x: np.ndarray) -> np.ndarray:
-        out = np.full(x.shape[0], COLD, dtype=np.int64)
-        finite = np.isfinite(x)
-        out[finite] = np.ceil(x[finite] - 1e-9).astype(np.int64)
-        return out
-
-    # only the requests with an evaluated access (ascending, as t_idx is)
-    trace_req = a.request[t_idx]
-    new = np.empty(trace_req.shape[0], dtype=bool)
-    new[:1] = True
-    np.not_equal(trace_req[1:], trace_req[:-1], out=new[1:])
-    starts = np.flatnonzero(new)
-    req_ids = trace_req[starts]
-    req_start = np.append(starts, trace_req.shape[0]).astype(np.int64)
-    request = np.cumsum(new, dtype=np.int64) - 1
-    block = a.block[t_idx]
-    stream = _Stream(block, trace.block_size, req_start, a.tokens[t_idx], a.pos[t_idx], request, weight, req_ids)
-    d = Distances(ev, as_key(dist_e), as_key(usable_e))
-    # sub-samples: by block for sampled blocks, by access for heavy ones
-    c = code[block]
-    with np.errstate(over="ignore"):
-        acc_mix = (t_idx.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(32)
-        blk_mix = (c.astype(np.uint64) * np.uint64(0xD1B54A32D192ED03)) >> np.uint64(32)
-    sub = np.where(c >= 0, blk_mix, acc_mix) & np.uint64(SUBSAMPLES - 1)
-    return stream, d, sub.astype(np.int32)
-
-
 def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray]:
-    """Usable-prefix key of each measured request's first block, and which requests count.
-
-    Exact: every measured request counts (an empty one never hits). Sampled: a request
-    is in the sample iff its first block is.
-    """
+    """Usable-prefix key of each measured request's first block, and which requests
+    count: every measured request (an empty one never hits)."""
     rs = s.req_start
     nonempty = rs[1:] > rs[:-1]
     members = np.arange(rs.shape[0] - 1) >= first_req
-    if s.scale is not None:
-        first_pos = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
-        first_pos[nonempty] = s.pos[rs[:-1][nonempty]]
-        members &= first_pos == 0
     keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
     keys[nonempty] = d.usable[rs[:-1][nonempty]]
     return keys, members
@@ -329,13 +280,9 @@ def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b, passed=None) 
     else:
         group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
         h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
-                        s.scale_or_empty)
+                        _NO_SCALE)
         rkeys, rmembers = _request_keys(d, s, first_req)
-    rweights = None
-    if s.scale is not None:  # weight of each request = weight of its first (evaluated) access
-        rweights = np.zeros(rkeys.shape[0])
-        nonempty = s.req_start[1:] > s.req_start[:-1]
-        rweights[nonempty] = s.scale[s.req_start[:-1][nonempty]]
+    rweights = None if passed is None else passed.request_weights  # sampled: its first evaluated access's
     rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
     any_h, pre_h = h[0], h[1]
     if req_group is not None:  # the last row is the whole trace
@@ -435,15 +382,16 @@ def compute_curve(
     if by is not None:
         req_group, names = group_labels(trace, by)
 
-    sub = None
     passed = None
-    if rate >= 1.0 and hasattr(trace, "binned_pass"):
+    if rate < 1.0:
+        # one chunked pass, binned as it goes (kvtrace.sampled), in memory or streamed
+        passed = sampled_pass(trace, ev, rate, grid, first_req, req_group, len(names), B, progress=progress)
+        stream, d = passed.stream, passed.distances
+    elif hasattr(trace, "binned_pass"):
         # a trace too large to hold (kvtrace.stream, kvtrace.distributed): its accesses are
         # binned on the grid chunk by chunk; per-access arrays never exist whole
         passed = trace.binned_pass(ev, grid, first_req, req_group, len(names), B, progress=progress)
         stream, d = passed.stream, passed.distances
-    elif rate < 1.0:
-        stream, d, sub = _sampled(trace, rate, ev)
     else:
         stream = _full_stream(trace)
         if distances is not None:
@@ -502,12 +450,12 @@ def compute_curve(
         "approximate": rate < 1.0,
     }
     if rate < 1.0:
-        se = _subsample_error(d, stream, sub, s_first, B, grid)
+        se = subsample_error(passed.sub_hist, grid)
         sel = np.searchsorted(grid, main_tokens)
         curve = curve.with_columns(pl.Series(f"{HEADLINE}_se", se[sel]))
         if display is not None:
             display = display.with_columns(pl.Series(f"{HEADLINE}_se", se[np.searchsorted(grid, disp_tokens)]))
-        info["sampled_accesses"] = int(stream.block.shape[0])
+        info["sampled_accesses"] = int(passed.n_evaluated)
         info["error_estimate"] = {
             "metric": HEADLINE,
             "mean_standard_error": _nan_none(np.nanmean(se[sel])) if np.isfinite(se[sel]).any() else None,
@@ -566,7 +514,7 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None
     lo_keys = np.array([kgrid[j - 1] if j > 0 else -1 for j in bins_sorted], dtype=np.int64)
     hi_keys = np.array([kgrid[j] if j < G else COLD - 1 for j in bins_sorted], dtype=np.int64)
     ks, rng, tok, q = (passed.keys_in_ranges(lo_keys, hi_keys) if passed is not None else
-                       keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, s.scale_or_empty))
+                       keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, _NO_SCALE))
     bins = bins_sorted[rng] if rng.size else rng
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]
@@ -613,24 +561,3 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None
         rows, schema={"metric": pl.String, "fraction": pl.Float64, "target_rate": pl.Float64,
                       "capacity_bytes": pl.Int64, "capacity_tokens": pl.Int64}, orient="row",
     )
-
-
-def _subsample_error(d: Distances, s: _Stream, sub: np.ndarray, first_req: int, B: int,
-                     grid: np.ndarray) -> np.ndarray:
-    """Standard error of the sampled headline rate at each capacity (random groups).
-
-    The evaluated accesses fall into ``SUBSAMPLES`` hash-disjoint groups (by block for
-    sampled blocks, by access for heavy ones); the spread of the groups' rates over
-    sqrt(groups) estimates the standard error of the whole sample's rate.
-    """
-    first = int(s.req_start[first_req])
-    h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, sub, SUBSAMPLES, grid,
-                    s.scale_or_empty)
-    pre = h[1]  # [groups, G + 2, 4]
-    hits = np.cumsum(pre[:, : grid.shape[0], 1], axis=1)
-    total = pre[:, :, 1].sum(axis=1)
-    ok = total > 0
-    if ok.sum() < 2:
-        return np.full(grid.shape[0], np.nan)
-    rates = hits[ok] / total[ok][:, None]
-    return np.std(rates, axis=0, ddof=1) / math.sqrt(rates.shape[0])

@@ -38,11 +38,11 @@ about 60 x M (the kernel's slot arrays and per-block state) + 40 x R (offsets,
 timestamps, per-request keys); plus one chunk (~200 MB). Disk: 12 bytes per access in
 a temporary directory (``spill_dir``, default the system's), removed on close.
 
-A sampled run (``--sample-rate``) on a streamed trace memory-maps the spill files and
-runs the in-memory SHARDS path on them unchanged (its exact short-window distances
-read back across the trace), so it too equals the in-memory result bit for bit; the
-mapped pages (4-8 bytes per access) are page cache that the OS can reclaim, and they
-show in the resident set size.
+A sampled run (``--sample-rate``) on a streamed trace makes the same chunked pass as
+in memory (:mod:`kvtrace.sampled`): the SHARDS kernel carries its state from chunk to
+chunk and bins as it goes, so it equals the in-memory result bit for bit in memory
+O(tracked blocks + sampled requests); the evaluated accesses' usable keys for the knee
+search go to one more spill file (24 bytes per evaluated access, about R of them).
 
 When to stream (:func:`should_stream`): ``kvtrace curve`` streams a Parquet trace
 whose in-memory run would need more than the memory budget, and always with
@@ -192,11 +192,16 @@ class BinnedPass:
     request_keys: tuple
     top: int
     keys_in_ranges: Callable
+    #: sampled passes (kvtrace.sampled): weight of each request, the sub-sample
+    #: histograms behind the error estimate, and the number of evaluated accesses
+    request_weights: np.ndarray | None = None
+    sub_hist: np.ndarray | None = None
+    n_evaluated: int | None = None
 
 
 class _Derived:
     """A per-access column computed on indexing (``tokens`` or ``pos``) from the
-    request offsets: what the sampled path gathers at its evaluated accesses."""
+    request offsets (e.g. at the next accesses a value pass looks ahead to)."""
 
     def __init__(self, trace: "StreamedTrace", which: str) -> None:
         self._t = trace
@@ -220,9 +225,9 @@ class _Derived:
 
 
 class _Accesses:
-    """The access table of a streamed trace: request offsets in memory; ``block`` and
-    ``request`` memory-mapped from spill files on first use; ``tokens`` and ``pos``
-    derived on indexing."""
+    """The access table of a streamed trace: its request offsets, and ``tokens`` and
+    ``pos`` derived from them on indexing. The block ids are never held; passes read
+    them chunk by chunk (:meth:`StreamedTrace.access_chunks`)."""
 
     def __init__(self, trace: "StreamedTrace") -> None:
         self._t = trace
@@ -230,14 +235,6 @@ class _Accesses:
 
     def __len__(self) -> int:
         return self._t.n_accesses
-
-    @property
-    def block(self) -> np.ndarray:
-        return self._t._mapped("blocks")
-
-    @property
-    def request(self) -> np.ndarray:
-        return self._t._mapped("requests")
 
     @property
     def tokens(self) -> _Derived:
@@ -272,7 +269,6 @@ class StreamedTrace:
         self.block_size = block_size
         self.spill = spill
         self.warnings = warnings
-        self._maps: dict = {}
 
     # the Trace attributes the curve reads
     @property
@@ -302,8 +298,7 @@ class StreamedTrace:
 
     # lifetime
     def close(self) -> None:
-        """Remove the spill files (a mapped array stays valid until released)."""
-        self._maps.clear()
+        """Remove the spill files."""
         shutil.rmtree(self.spill, ignore_errors=True)
 
     def __enter__(self) -> "StreamedTrace":
@@ -337,23 +332,20 @@ class StreamedTrace:
         local_req, pos = request_and_pos(lrs)
         return lrs, tokens, pos, local_req
 
-    def _mapped(self, name: str) -> np.ndarray:
-        if name not in self._maps:
-            path = self.spill / name
-            if name == "requests" and not path.exists():
-                dtype = np.int32 if self.n_requests <= np.iinfo(np.int32).max else np.int64
-                with open(path.with_suffix(".tmp"), "wb") as fh:
-                    for r, r_end, lo, hi in self._chunks():
-                        lens = np.diff(self._req_start[r:r_end + 1])
-                        np.repeat(np.arange(r, r_end, dtype=dtype), lens).tofile(fh)
-                os.replace(path.with_suffix(".tmp"), path)
-            dtype = _ID_DTYPE if name == "blocks" else (np.int32 if self.n_requests <= np.iinfo(np.int32).max
-                                                         else np.int64)
-            if self.n_accesses == 0:
-                self._maps[name] = np.empty(0, dtype=dtype)
-            else:
-                self._maps[name] = np.memmap(path, dtype=dtype, mode="r", shape=(self.n_accesses,))
-        return self._maps[name]
+    def access_chunks(self, blocks_only: bool = False):
+        """Chunks of whole requests read back from the spill file in order, as
+        :class:`kvtrace.sampled.AccessChunk` (tokens and positions derived from the
+        request offsets unless ``blocks_only``)."""
+        from .sampled import AccessChunk
+
+        with open(self.spill / "blocks", "rb") as fh:
+            for r, r_end, lo, hi in self._chunks():
+                block = np.fromfile(fh, dtype=_ID_DTYPE, count=hi - lo)
+                if blocks_only:
+                    yield AccessChunk(r, r_end, lo, block, None, None)
+                else:
+                    _, tokens, pos, _ = self._layout(r, r_end, lo)
+                    yield AccessChunk(r, r_end, lo, block, tokens, pos)
 
     def binned_pass(self, ev: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
                     n_groups: int, block_tokens: int,

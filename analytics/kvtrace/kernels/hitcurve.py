@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
+from ..config import NJIT, NJIT_INLINE
 from .bits import bit_length
 
 N_WEIGHTS = 4
@@ -48,7 +48,7 @@ _SUB_BITS = 8
 _N_BUCKETS = (1 << _SUB_BITS) * (64 - _SUB_BITS + 1)
 
 
-@njit(**NJIT)
+@njit(**NJIT_INLINE)
 def _bucket(key):
     """Bucket of a key >= 0: the key itself below 256, else 256 x (octave - 7) + the
     8 bits after the leading one."""
@@ -60,33 +60,42 @@ def _bucket(key):
 
 @njit(**NJIT)
 def _bucket_starts(grid):
-    """For each key bucket, the bin of its smallest key: a bin lookup then needs a few
-    comparisons at most (the grid points inside the bucket) instead of a binary
-    search of the whole grid."""
-    starts = np.empty(_N_BUCKETS, dtype=np.int64)
+    """The bin lookup's tables: for each key bucket the bin of its smallest key, the
+    grid padded with one COLD sentinel, and the most grid points inside one bucket
+    (a lookup then takes that many branch-free steps instead of a binary search of
+    the whole grid)."""
+    G = grid.shape[0]
+    starts = np.empty(_N_BUCKETS + 1, dtype=np.int64)
     for u in range(_N_BUCKETS):
         if u < (1 << _SUB_BITS):
             low = np.int64(u)
         else:
             e = (u >> _SUB_BITS) + _SUB_BITS - 1
             low = ((np.int64(1) << _SUB_BITS) + (u & ((1 << _SUB_BITS) - 1))) << (e - _SUB_BITS)
-        starts[u] = _bin(grid, low) if low >= 0 else grid.shape[0]
-    return starts
+        starts[u] = _bin(grid, low) if low >= 0 else G
+    starts[_N_BUCKETS] = G
+    steps = 0
+    for u in range(_N_BUCKETS):
+        steps = max(steps, starts[u + 1] - starts[u])
+    padded = np.empty(G + 1, dtype=np.int64)
+    padded[:G] = grid
+    padded[G] = COLD
+    return starts, padded, steps
 
 
-@njit(**NJIT)
-def _bin_fast(grid, starts, key):
-    """:func:`_bin` via the bucket table: the bucket's first bin, then a linear step
-    over the grid points inside the bucket that are below the key."""
-    G = grid.shape[0]
-    if key == COLD:
-        return G + 1
+@njit(**NJIT_INLINE)
+def _bin_fast(G, padded, starts, steps, key):
+    """:func:`_bin` via the bucket tables (:func:`_bucket_starts`): the bucket's first
+    bin, then ``steps`` compare-and-add steps over the grid points inside the bucket
+    (no data-dependent branch: whether a key is cold or how many grid points it passes
+    is not predictable). A cold key's bucket starts at G (no capacity reaches COLD), so
+    adding ``key == COLD`` gives its bin G + 1."""
     if key <= 0:
-        return _bin(grid, key)
+        return _bin(padded[:G], key)
     i = starts[_bucket(key)]
-    while i < G and grid[i] < key:
-        i += 1
-    return i
+    for _ in range(steps):
+        i += np.int64(padded[i] < key)
+    return i + np.int64(key == COLD)
 
 
 @njit(**NJIT)
@@ -127,7 +136,8 @@ def binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size
     grouped = group.shape[0] > 0
     scaled = scale.shape[0] > 0
     bt = np.float64(block_tokens)
-    starts = _bucket_starts(grid)
+    starts, padded, steps = _bucket_starts(grid)
+    G = grid.shape[0]
     for t in range(first, keys_any.shape[0]):
         g = group[t] if grouped else 0
         w0 = scale[t] if scaled else 1.0
@@ -136,13 +146,13 @@ def binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size
         w1 = w0 * k
         w2 = w0 * np.float64(size[block[t]])
         w3 = w0 * (k * s + k * (k - 1.0) * 0.5)
-        i = _bin_fast(grid, starts, keys_any[t])
+        i = _bin_fast(G, padded, starts, steps, keys_any[t])
         out[0, g, i, 0] += w0
         out[0, g, i, 1] += w1
         out[0, g, i, 2] += w2
         out[0, g, i, 3] += w3
         # the usable key is a running max: mostly equal to the any-block key
-        j = i if keys_prefix[t] == keys_any[t] else _bin_fast(grid, starts, keys_prefix[t])
+        j = i if keys_prefix[t] == keys_any[t] else _bin_fast(G, padded, starts, steps, keys_prefix[t])
         out[1, g, j, 0] += w0
         out[1, g, j, 1] += w1
         out[1, g, j, 2] += w2

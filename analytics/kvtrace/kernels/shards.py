@@ -7,7 +7,9 @@ sample swings the whole curve. Here
 
 - *heavy* blocks (expected to be sampled at least once: accesses x R >= 1; at most
   ``MAX_HEAVY`` of them) are always tracked exactly, and every k-th of their accesses
-  (k = round(1/R), systematic sampling) is evaluated with weight accesses / evaluated;
+  (k = round(1/R); systematic sampling from a start in 0..k-1 drawn by a hash of the
+  block, so each access is evaluated with probability exactly 1/k) is evaluated with
+  weight k;
 - every other block is kept iff its hash falls below R, and all its accesses are
   evaluated with weight 1/R.
 
@@ -26,12 +28,21 @@ that window with a small hash set: at most ``window`` steps per evaluated access
 Both LRU models are supported; the prefix-aware one answers a request's queries
 against the state it found, then touches its blocks tail-first.
 
-Cost: one branch-free scan of the block column picks out the tracked accesses
-(:func:`tracked_accesses`); the stack work then runs over those alone (about R of the
-accesses plus the heavy blocks').
+The pass runs over chunks of whole requests (:class:`Sampler`), its state carried from
+one to the next (the sum tree, the per-block touch records, and the last ``2 x window``
+block ids, which the exact windows may reach back into), so a trace streamed from disk
+gives the in-memory result bit for bit, in memory O(tracked blocks).
+
+Cost: one branch-free scan of the block column picks out the tracked accesses and
+their blocks (:func:`tracked_accesses`); the stack work then runs over those alone
+(about R of the accesses plus the heavy blocks'), with every per-block array indexed
+by the block's rank among the tracked blocks (:func:`tracked_blocks`), so the hot loop
+touches an array as long as the trace's block table only in the exact short windows.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 from numba import njit
@@ -42,56 +53,126 @@ from .stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _com
 
 #: Most heavy blocks tracked exactly (each query scans them).
 MAX_HEAVY = 64
-#: Per-block code: >= 0 the block's index among the sampled blocks, SKIPPED, or
-#: HEAVY0 - h for heavy block h (h = 0..H-1).
-SKIPPED, HEAVY0 = -1, -2
+#: Heavy blocks are counted among every this many accesses.
+HEAVY_STEP = 32
 
 
 @njit(**NJIT)
-def _strided_counts(block, n_blocks, step):
-    """Accesses per block among every ``step``-th access (finds the heavy blocks)."""
-    counts = np.zeros(n_blocks, dtype=np.uint32)
-    for t in range(0, block.shape[0], step):
+def strided_counts_into(counts, block, phase, step):
+    """Add the accesses per block among accesses ``phase, phase + step, ...`` of
+    ``block`` into ``counts`` (every ``step``-th access of a trace, chunk by chunk:
+    finds the heavy blocks)."""
+    for t in range(phase, block.shape[0], step):
         counts[block[t]] += 1
-    return counts
+
+
+def heavy_from_counts(counts: np.ndarray, rate: float, step: int = 0) -> np.ndarray:
+    """The heavy blocks (ascending) from strided counts: the at most ``MAX_HEAVY`` most
+    counted among those whose count suggests accesses x R >= 1."""
+    step = step or HEAVY_STEP
+    need = max(1, int(np.ceil(1.0 / rate / step)))
+    cand = np.flatnonzero(counts >= need)
+    return np.sort(cand[np.argsort(-counts[cand].astype(np.int64), kind="stable")][:MAX_HEAVY]).astype(np.int64)
 
 
 @njit(**NJIT)
-def tracked_accesses(block, bitmap, out):
-    """Write the indices (ascending) of the accesses whose block is tracked (its bitmap
-    bit set) to ``out[:n]``; returns n.
+def _heavy_phases(block_hash, block_tenant, heavy_blocks, stride):
+    """Start of each heavy block's systematic sample, in 0..stride-1, from the low bits
+    of its hash (the sample threshold reads the high ones)."""
+    out = np.empty(heavy_blocks.shape[0], dtype=np.int64)
+    for h in range(heavy_blocks.shape[0]):
+        b = heavy_blocks[h]
+        out[h] = np.int64(_mix(block_hash[b], block_tenant[b]) & np.uint64(0xFFFFFFFF)) % stride
+    return out
 
-    Branch-free: every index is stored and the count advances by the bit, so the scan
-    runs at memory speed however the tracked accesses are spread. ``out`` has room for
-    every access plus one; its pages past the last tracked index are never written
-    (so never resident)."""
+
+@njit(**NJIT_INLINE)
+def _popcount(x):
+    """Set bits of a uint64 (SWAR; no table)."""
+    x = x - ((x >> np.uint64(1)) & np.uint64(0x5555555555555555))
+    x = (x & np.uint64(0x3333333333333333)) + ((x >> np.uint64(2)) & np.uint64(0x3333333333333333))
+    x = (x + (x >> np.uint64(4))) & np.uint64(0x0F0F0F0F0F0F0F0F)
+    return np.int64((x * np.uint64(0x0101010101010101)) >> np.uint64(56))
+
+
+@njit(**NJIT_INLINE)
+def _rank(words, cum, b):
+    """Index of tracked block ``b`` among the tracked blocks (ascending block id)."""
+    w = b >> 6
+    below = (np.uint64(1) << np.uint64(b & 63)) - np.uint64(1)
+    return cum[w] + _popcount(words[w] & below)
+
+
+@njit(**NJIT)
+def tracked_blocks(block_hash, block_tenant, heavy_blocks, threshold):
+    """The tracked blocks: sampled (hash below ``threshold``) or heavy.
+
+    Returns
+    -------
+    words : uint64[ceil(M / 64)]
+        Membership bitmap (bit b of word b // 64); its little-endian bytes are the
+        ``np.packbits(..., bitorder="little")`` bitmap :func:`tracked_accesses` reads.
+    cum : int64[ceil(M / 64)]
+        Tracked blocks in the words before each word (with ``words``, a rank structure:
+        :func:`_rank` maps a tracked block to its dense index in O(1), from about 1.5
+        bits per block that stay in cache, where a per-block code array would not).
+    ids : int64[n]
+        The tracked blocks, ascending (``ids[_rank(b)] == b``).
+    """
+    M = block_hash.shape[0]
+    n_words = (M + 63) >> 6
+    words = np.zeros(n_words, dtype=np.uint64)
+    for w in range(n_words):
+        acc = np.uint64(0)
+        for i in range(w << 6, min(M, (w + 1) << 6)):
+            keep = (_mix(block_hash[i], block_tenant[i]) >> np.uint64(40)) < threshold
+            acc |= np.uint64(keep) << np.uint64(i & 63)
+        words[w] = acc
+    for h in range(heavy_blocks.shape[0]):
+        b = heavy_blocks[h]
+        words[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+    cum = np.empty(n_words, dtype=np.int64)
+    n = 0
+    for w in range(n_words):
+        cum[w] = n
+        n += _popcount(words[w])
+    ids = np.empty(n, dtype=np.int64)
+    k = 0
+    for w in range(n_words):
+        x = words[w]
+        while x != np.uint64(0):
+            low = x & (~x + np.uint64(1))  # lowest set bit
+            ids[k] = (w << 6) + _popcount(low - np.uint64(1))
+            k += 1
+            x ^= low
+    return words, cum, ids
+
+
+@njit(**NJIT)
+def tracked_accesses(block, bitmap, lo, out_t, out_b):
+    """Write the indices (ascending, plus ``lo``: the chunk's first access) of the
+    accesses whose block is tracked (its bitmap bit set) to ``out_t[:n]`` and their
+    blocks to ``out_b[:n]``; returns n.
+
+    Branch-free: every access is stored and the count advances by the bit, so the scan
+    runs at memory speed however the tracked accesses are spread (and the blocks need
+    no second, scattered gather). The outputs have room for every access plus one;
+    their pages past the last tracked access are never written (so never resident)."""
     n = 0
     for t in range(block.shape[0]):
         b = block[t]
-        out[n] = t
+        out_t[n] = lo + t
+        out_b[n] = b
         n += (bitmap[b >> 3] >> (b & 7)) & 1
     return n
 
 
 @njit(**NJIT)
-def _codes(block_hash, block_tenant, heavy_blocks, threshold):
-    """Per-block code (see ``SKIPPED``/``HEAVY0``) and the number of sampled blocks."""
-    code = np.empty(block_hash.shape[0], dtype=np.int32)
-    n = 0
-    for i in range(block_hash.shape[0]):
-        if (_mix(block_hash[i], block_tenant[i]) >> np.uint64(40)) < threshold:
-            code[i] = n
-            n += 1
-        else:
-            code[i] = SKIPPED
-    for h in range(heavy_blocks.shape[0]):
-        code[heavy_blocks[h]] = HEAVY0 - h
-    return code, n
-
-
-@njit(**NJIT)
-def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table, used):
-    """Sum of sizes of the distinct blocks (other than ``exclude``) in two index ranges.
+def _distinct_tokens(block, base, tail, tail_lo, head, head_lo, size, lo1, hi1, lo2, hi2, exclude, table,
+                     used):
+    """Sum of sizes of the distinct blocks (other than ``exclude``) in two ranges of
+    access indices; the block of access u is ``block[u - base]``, below ``base``
+    ``tail[u - tail_lo]``, below ``tail_lo`` ``head[u - head_lo]``.
 
     ``table`` is scratch space (a power-of-two length > 2x the ranges' length), all -1
     when free; ``used`` (as long as the ranges) records the slots filled, which are
@@ -102,7 +183,12 @@ def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table, used):
     for part in range(2):
         lo, hi = (lo1, hi1) if part == 0 else (lo2, hi2)
         for u in range(lo, hi):
-            x = block[u]
+            if u >= base:
+                x = block[u - base]
+            elif u >= tail_lo:
+                x = tail[u - tail_lo]
+            else:
+                x = head[u - head_lo]
             if x == exclude:
                 continue
             j = (x * 0x9E3779B1) & mask
@@ -119,18 +205,18 @@ def _distinct_tokens(block, size, lo1, hi1, lo2, hi2, exclude, table, used):
 
 
 @njit(**NJIT)
-def _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets, slot_size, slot_time, last_slot,
+def _estimate(h_self, c, sz, p, heavy_last, heavy_size, tree, offsets, slot_size, slot_time, last_slot,
               scalars, inv_rate):
-    """Estimated depth of block ``b`` last touched at time ``p`` (float tokens)."""
-    h_self = HEAVY0 - code[b]  # < 0 for a sampled block
+    """Estimated depth (float tokens) of a tracked block of ``sz`` tokens last touched at
+    time ``p``: heavy block ``h_self``, or (``h_self`` < 0) sampled block ``c``."""
     heavy_term = 0
     for h in range(heavy_last.shape[0]):
         if h != h_self and heavy_last[h] > p:
             heavy_term += heavy_size[h]
     total = scalars[_TOTAL]
     if h_self < 0:
-        # the sampled blocks above b's own slot (b's size is added exactly below)
-        sampled_term = total - _prefix(tree, offsets, slot_size, last_slot[code[b]], total)
+        # the sampled blocks above c's own slot (its size is added exactly below)
+        sampled_term = total - _prefix(tree, offsets, slot_size, last_slot[c], total)
     else:
         lo = 0
         hi = scalars[_NEXT_SLOT]
@@ -141,18 +227,17 @@ def _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets, slot_size
             else:
                 hi = mid
         sampled_term = total if lo == 0 else total - _prefix(tree, offsets, slot_size, lo - 1, total)
-    return np.float64(size[b] + heavy_term) + np.float64(sampled_term) * inv_rate
+    return np.float64(sz + heavy_term) + np.float64(sampled_term) * inv_rate
 
 
 @njit(**NJIT_INLINE)
-def _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req,
+def _touch_sampled(t, r, c, sz, clock, last_time, last_at, last_req,
                    tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
-    """Touch sampled block ``b`` (sampled index ``c``) at access ``t`` of request ``r``,
-    time ``clock``. Heavy blocks are touched by the caller: three stores, kept out of
-    this call because they are most of the touches."""
+    """Touch sampled block ``c`` (its tracked index; ``sz`` tokens) at access ``t`` of
+    request ``r``, time ``clock``. Heavy blocks are touched by the caller: three stores,
+    kept out of this call because they are most of the touches."""
     if scalars[_NEXT_SLOT] == slot_block.shape[0]:
         _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
-    sz = size[b]
     s = last_slot[c]
     top = offsets.shape[0] - 1
     if s >= 0:
@@ -180,60 +265,69 @@ def _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req,
 
 
 @njit(**NJIT)
-def shards_distances(block, size, req_start, tracked, tracked_block, prefix_aware, code, heavy_size, stride, rate,
-                     window, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
-    """Estimated distances of the evaluated accesses, in trace order.
+def shards_chunk(block, base, tail, tail_lo, head, head_lo, size, req_start, r, tracked, tracked_block, prefix_aware, words, cum, tsize, theavy,
+                 heavy_size, heavy_left, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req, stride, rate,
+                 window, table, used, clock_box, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+    """Estimated distances of the evaluated accesses of one chunk of whole requests, in
+    trace order; every state array is updated in place for the next chunk.
 
     Parameters
     ----------
-    tracked, tracked_block : int64[K]
-        Ascending indices of the accesses of tracked (sampled or heavy) blocks, and
-        their blocks (:func:`tracked_accesses`); the others are never looked at again
-        (but for the exact short windows).
-    code : int32[M]
-        Per-block code: index among sampled blocks (>= 0), ``SKIPPED``, or
-        ``HEAVY0 - h`` for heavy block h.
+    block, base : int[n], int
+        Block ids of the chunk's accesses ``base..``.
+    tail, tail_lo, head, head_lo : int[.], int, int[.], int
+        Block ids of accesses ``tail_lo..base - 1`` (the ``window + 1`` before the
+        chunk) and ``head_lo..`` (the first ``window`` of the request holding access
+        ``tail_lo``): with the chunk, all that an exact window can read.
+    req_start : int64[R + 1]
+        Request offsets of the whole trace; ``r`` is the chunk's first request.
+    tracked, tracked_block : int64[K], int[K]
+        Indices (ascending, trace-wide) of the chunk's accesses of tracked (sampled or
+        heavy) blocks, and their blocks (:func:`tracked_accesses`).
+    words, cum : the tracked blocks' rank structure (:func:`tracked_blocks`)
+    tsize : int64[n_tracked]
+        Size of each tracked block (by tracked index), so that the hot loop reads only
+        arrays of the tracked blocks.
+    theavy : int64[n_tracked]
+        Heavy index h of each tracked block, -1 for a sampled one.
+    heavy_size, heavy_left, heavy_last, heavy_at, heavy_req : int64[H]
+        Per heavy block: size, accesses until its next evaluated one, and its last
+        touch (time, access index, request).
+    last_time, last_at, last_req : int64[n_tracked]
+        The last touch of each sampled block (by tracked index).
     stride : int
         Every ``stride``-th access of a heavy block is evaluated.
     rate : float
         Sampling rate R; evaluated accesses of sampled blocks get weight 1/R.
     window : int
         Reuse windows of at most this many accesses are measured exactly.
+    table, used : scratch of :func:`_distinct_tokens`
+    clock_box : int64[1]
+        Touch counter.
 
     Returns
     -------
-    out_t : int64[n]
-        Evaluated access indices (ascending).
-    out_dist : float64[n]
-        Distance estimates in tokens (inf when cold).
-    out_weight : float64[n]
-        Horvitz-Thompson weights: 1/R for a sampled block, accesses / evaluated for a
-        heavy block (known at the end of the pass).
+    out_t : int64[n]  evaluated access indices (ascending)
+    out_dist : float64[n]  distance estimates in tokens (inf when cold)
+    out_weight : float64[n]  Horvitz-Thompson weights: 1/R (sampled block) or stride (heavy)
+    out_c : int64[n]  tracked index of the access's block
+    out_r : int64[n]  its request
     """
     inv_rate = 1.0 / rate
-    n_heavy = heavy_size.shape[0]
-    heavy_seen = np.zeros(n_heavy, dtype=np.int64)
-    heavy_left = np.zeros(n_heavy, dtype=np.int64)  # accesses until the next evaluated one
-    heavy_last = np.full(n_heavy, -1, dtype=np.int64)
-    heavy_at = np.full(n_heavy, -1, dtype=np.int64)  # access index of the last touch
-    heavy_req = np.full(n_heavy, -1, dtype=np.int64)  # its request
-    last_time = np.full(last_slot.shape[0], -1, dtype=np.int64)  # per sampled block
-    last_at = np.full(last_slot.shape[0], -1, dtype=np.int64)
-    last_req = np.full(last_slot.shape[0], -1, dtype=np.int64)
-    cap = 16
-    while cap < 2 * window + 2:
-        cap *= 2
-    table = np.full(cap, -1, dtype=np.int64)
-    used = np.empty(window + 1, dtype=np.int64)
+    heavy_w = np.float64(stride)
     K = tracked.shape[0]
+    code = np.empty(K, dtype=np.int64)  # tracked index of each tracked access
+    for e in range(K):
+        code[e] = _rank(words, cum, tracked_block[e])
     # at most K evaluated accesses: pages past the last one written are never touched
     out_t = np.empty(K, dtype=np.int64)
     out_dist = np.empty(K, dtype=np.float64)
-    out_weight = np.empty(K, dtype=np.float64)  # heavy: -(h + 1) until the pass ends
-    clock = 0
+    out_weight = np.empty(K, dtype=np.float64)
+    out_c = np.empty(K, dtype=np.int64)
+    out_r = np.empty(K, dtype=np.int64)
+    clock = clock_box[0]
     k = 0
     i = 0
-    r = 0
     while i < K:
         while req_start[r + 1] <= tracked[i]:
             r += 1
@@ -244,18 +338,19 @@ def shards_distances(block, size, req_start, tracked, tracked_block, prefix_awar
             j += 1
         for e in range(i, j):
             t = tracked[e]
-            b = tracked_block[e]
-            c = code[b]
-            h = HEAVY0 - c  # heavy index, or < 0 for a sampled block (c = its index)
+            c = code[e]
+            h = theavy[c]  # heavy index, or -1 for a sampled block
             evaluate = True
-            if h >= 0:  # every stride-th access, from the first
+            if h >= 0:  # every stride-th access, from the block's phase
                 evaluate = heavy_left[h] == 0
                 heavy_left[h] = stride - 1 if evaluate else heavy_left[h] - 1
-                heavy_seen[h] += 1
             if evaluate:
                 p = heavy_last[h] if h >= 0 else last_time[c]
+                sz = tsize[c]
                 out_t[k] = t
-                out_weight[k] = -(h + 1.0) if h >= 0 else inv_rate
+                out_c[k] = c
+                out_r[k] = r
+                out_weight[k] = heavy_w if h >= 0 else inv_rate
                 if p < 0:
                     out_dist[k] = np.inf
                 else:
@@ -268,10 +363,11 @@ def shards_distances(block, size, req_start, tracked, tracked_block, prefix_awar
                     else:
                         lo1, hi1, lo2, hi2 = pt + 1, t, 0, 0
                     if (hi1 - lo1) + (hi2 - lo2) <= window:
-                        out_dist[k] = np.float64(size[b] + _distinct_tokens(block, size, lo1, hi1, lo2, hi2,
-                                                                            b, table, used))
+                        out_dist[k] = np.float64(sz + _distinct_tokens(block, base, tail, tail_lo, head, head_lo, size,
+                                                                       lo1, hi1, lo2, hi2, tracked_block[e], table,
+                                                                       used))
                     else:
-                        out_dist[k] = _estimate(b, p, code, heavy_last, heavy_size, size, tree, offsets,
+                        out_dist[k] = _estimate(h, c, sz, p, heavy_last, heavy_size, tree, offsets,
                                                 slot_size, slot_time, last_slot, scalars, inv_rate)
                 k += 1
             if not prefix_aware:
@@ -281,42 +377,35 @@ def shards_distances(block, size, req_start, tracked, tracked_block, prefix_awar
                     heavy_at[h] = t
                     heavy_req[h] = r
                 else:
-                    _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
+                    _touch_sampled(t, r, c, tsize[c], clock, last_time, last_at, last_req, tree, offsets,
                                    slot_block, slot_size, slot_time, last_slot, scalars)
         if prefix_aware:  # tail-first
             for e in range(j - 1, i - 1, -1):
                 t = tracked[e]
-                b = tracked_block[e]
-                c = code[b]
+                c = code[e]
                 clock += 1
-                h = HEAVY0 - c
+                h = theavy[c]
                 if h >= 0:
                     heavy_last[h] = clock
                     heavy_at[h] = t
                     heavy_req[h] = r
                 else:
-                    _touch_sampled(t, r, b, c, clock, size, last_time, last_at, last_req, tree, offsets,
+                    _touch_sampled(t, r, c, tsize[c], clock, last_time, last_at, last_req, tree, offsets,
                                    slot_block, slot_size, slot_time, last_slot, scalars)
         i = j
+    clock_box[0] = clock
     scalars[_CACHE_SLOT] = -1
-    # heavy weights: accesses / evaluated (every stride-th of them)
-    heavy_w = np.empty(n_heavy, dtype=np.float64)
-    for h in range(n_heavy):
-        heavy_w[h] = heavy_seen[h] / max(1, (heavy_seen[h] + stride - 1) // stride)
-    for e in range(k):
-        if out_weight[e] < 0:
-            out_weight[e] = heavy_w[np.int64(-out_weight[e]) - 1]
-    return out_t[:k], out_dist[:k], out_weight[:k]
+    return out_t[:k], out_dist[:k], out_weight[:k], out_c[:k], out_r[:k]
 
 
 @njit(**NJIT)
-def usable_estimates(out_t, out_dist, request):
+def usable_estimates(out_dist, out_r):
     """Running max of the estimates along each request (evaluated accesses only)."""
     u = np.empty_like(out_dist)
     prev_r = -1
     running = 0.0
-    for i in range(out_t.shape[0]):
-        r = request[out_t[i]]
+    for i in range(out_dist.shape[0]):
+        r = out_r[i]
         if r != prev_r:
             running = 0.0
             prev_r = r
@@ -326,51 +415,159 @@ def usable_estimates(out_t, out_dist, request):
     return u
 
 
-def sample_distances(block, size, req_start, request, block_hash, block_tenant, rate, prefix_aware,
-                     window=None):
-    """Run the sampled kernel; see the module docstring.
+class Sample(NamedTuple):
+    """What a sampled run yields, per evaluated access (ascending access index)."""
+
+    t: np.ndarray  # int64: access index
+    dist: np.ndarray  # float64: distance estimate (tokens; inf = cold)
+    usable: np.ndarray  # float64: usable-prefix estimate
+    weight: np.ndarray  # float64: Horvitz-Thompson weight
+    request: np.ndarray  # int64: the access's request
+    block: np.ndarray  # int64: its block
+    size: np.ndarray  # int64: its block's size (tokens)
+    tracked_index: np.ndarray  # int64: its block's index among the tracked blocks
+    heavy: np.ndarray  # bool: its block is heavy (tracked exactly, accesses sampled)
+
+
+class Sampler:
+    """The sampled pass over a trace, fed chunks of whole requests in order
+    (:meth:`feed`); all state is O(tracked blocks) plus ``2 x window + 1`` block ids.
 
     Parameters
     ----------
-    block, size, req_start, request : the trace's access arrays
+    size : int[M]
+        Block sizes (tokens).
+    block_hash, block_tenant : per-block source hash and namespace (sampling key)
+    heavy_blocks : int64[H]
+        The heavy blocks (:func:`heavy_from_counts`), ascending.
+    rate : float
+        Sampling rate in (0, 1).
+    prefix_aware : bool
+    req_start : int64[R + 1]
+        Request offsets of the whole trace.
+    window : int, optional
+        Reuse windows of at most this many accesses are measured exactly (default 4/R).
+    """
+
+    def __init__(self, size, block_hash, block_tenant, heavy_blocks, rate, prefix_aware, req_start,
+                 window=None) -> None:
+        self.size = np.ascontiguousarray(size, dtype=np.int64)
+        self.req_start = req_start
+        self.rate = float(rate)
+        self.prefix_aware = bool(prefix_aware)
+        self.window = int(window if window is not None else round(4.0 / rate))
+        self.stride = max(1, int(round(1.0 / rate)))
+        bh = np.ascontiguousarray(block_hash, dtype=np.uint64)
+        bt = np.ascontiguousarray(block_tenant, dtype=np.int32)
+        heavy = np.ascontiguousarray(heavy_blocks, dtype=np.int64)
+        self.heavy_blocks = heavy
+        self.words, self.cum, self.ids = tracked_blocks(bh, bt, heavy, np.uint64(int(rate * (1 << 24) + 0.5)))
+        self.bitmap = self.words.view(np.uint8)
+        n = self.ids.shape[0]
+        self.tsize = np.ascontiguousarray(self.size[self.ids], dtype=np.int64)
+        self.theavy = np.full(n, -1, dtype=np.int64)
+        self.theavy[np.searchsorted(self.ids, heavy)] = np.arange(heavy.shape[0])
+        H = heavy.shape[0]
+        self.heavy_size = np.ascontiguousarray(self.size[heavy], dtype=np.int64)
+        self.heavy_left = _heavy_phases(bh, bt, heavy, self.stride)
+        self.heavy_last = np.full(H, -1, dtype=np.int64)
+        self.heavy_at = np.full(H, -1, dtype=np.int64)
+        self.heavy_req = np.full(H, -1, dtype=np.int64)
+        self.last_time = np.full(n, -1, dtype=np.int64)
+        self.last_at = np.full(n, -1, dtype=np.int64)
+        self.last_req = np.full(n, -1, dtype=np.int64)
+        cap = 16
+        while cap < 2 * self.window + 2:
+            cap *= 2
+        self.table = np.full(cap, -1, dtype=np.int64)
+        self.used = np.empty(self.window + 1, dtype=np.int64)
+        self.clock = np.zeros(1, dtype=np.int64)
+        # the sum tree over the sampled blocks, slots indexed by tracked index
+        self.state = StackState(n + 1)
+        self.slot_time = np.zeros(self.state.slot_block.shape[0], dtype=np.int64)
+        # block ids an exact window of the next chunk may read: the accesses from
+        # ``tail_lo`` to the chunk, and the first ``window`` of the request holding
+        # access ``tail_lo``
+        self.tail = self.head = None
+        self.tail_lo = self.head_lo = 0
+        self.head_req = -1
+
+    def feed(self, block: np.ndarray, lo: int, r: int) -> Sample:
+        """The evaluated accesses among ``block`` (accesses ``lo..``, whole requests from
+        request ``r`` on; chunks in trace order)."""
+        m = block.shape[0]
+        out_t = np.empty(m + 1, dtype=np.int64)
+        out_b = np.empty(m + 1, dtype=block.dtype)
+        k = tracked_accesses(block, self.bitmap, lo, out_t, out_b)
+        tracked, tracked_block = out_t[:k], out_b[:k]
+        if self.tail is None:
+            self.tail = np.empty(0, dtype=block.dtype)
+            self.head = np.empty(0, dtype=block.dtype)
+        tail = self.tail.astype(block.dtype, copy=False)
+        head = self.head.astype(block.dtype, copy=False)
+        st = self.state
+        t, dist, weight, c, req = shards_chunk(
+            block, lo, tail, self.tail_lo, head, self.head_lo, self.size, self.req_start, r, tracked, tracked_block,
+            self.prefix_aware, self.words, self.cum, self.tsize, self.theavy, self.heavy_size, self.heavy_left,
+            self.heavy_last, self.heavy_at, self.heavy_req, self.last_time, self.last_at, self.last_req, self.stride,
+            self.rate, self.window, self.table, self.used, self.clock, st.tree, st.offsets, st.slot_block,
+            st.slot_size, self.slot_time, st.last_slot, st.scalars)
+        del out_t, out_b, tracked, tracked_block
+
+        def take(i, j):  # block ids of accesses i..j-1, all at or after tail_lo
+            if i >= lo:
+                return block[i - lo:j - lo]
+            return np.concatenate([tail[i - self.tail_lo:], block[:max(0, j - lo)]])[:j - i]
+
+        # what the next chunk's windows may read: the window + 1 accesses before it...
+        end = lo + m
+        new_lo = max(self.tail_lo, end - self.window - 1)
+        new_tail = np.array(take(new_lo, end))
+        # ... and the first window of the request holding the first of them
+        q = int(np.searchsorted(self.req_start, new_lo, side="right")) - 1
+        q_lo = int(self.req_start[q]) if q >= 0 else new_lo
+        if q_lo >= new_lo:
+            self.head, self.head_lo, self.head_req = np.empty(0, dtype=block.dtype), new_lo, -1
+        elif q != self.head_req:  # it starts after the old tail's start: in tail or chunk
+            self.head = np.array(take(q_lo, min(q_lo + self.window, end)))
+            self.head_lo, self.head_req = q_lo, q
+        self.tail, self.tail_lo = new_tail, new_lo
+        usable = usable_estimates(dist, req)
+        return Sample(t, dist, usable, weight, req, self.ids[c], self.tsize[c], c, self.theavy[c] >= 0)
+
+
+def sample_distances(block, size, req_start, block_hash, block_tenant, rate, prefix_aware, window=None,
+                     chunks=None) -> tuple[Sample, np.ndarray]:
+    """The sampled pass over a whole in-memory trace (see the module docstring).
+
+    Parameters
+    ----------
+    block, size, req_start : the trace's access arrays
     block_hash, block_tenant : per-block source hash and namespace (sampling key)
     rate : float
         Sampling rate in (0, 1).
     window : int, optional
         Reuse windows of at most this many accesses are measured exactly (default 4/R).
+    chunks : sequence of int, optional
+        Request indices at which to cut the pass into chunks (the result is the same).
 
     Returns
     -------
-    t : int64[n]  evaluated access indices (ascending)
-    dist : float64[n]  distance estimates (tokens; inf = cold)
-    usable : float64[n]  usable-prefix estimates
-    weight : float64[n]  Horvitz-Thompson weights
-    heavy_blocks : int64[H]
-    code : int32[M]  per-block code (sampled index, SKIPPED, or HEAVY0 - h)
+    (Sample, heavy_blocks)
     """
-    M = size.shape[0]
-    # Heavy blocks are found from every 8th access: a block with >= 1/R accesses in
-    # all shows about 1/(8R) of them there (the estimator stays unbiased whichever
-    # blocks are chosen; the choice only moves variance).
-    step = 8
-    counts = _strided_counts(block, M, step)
-    need = max(1, int(np.ceil(1.0 / rate / step)))
-    cand = np.flatnonzero(counts >= need)
-    heavy_blocks = np.sort(cand[np.argsort(-counts[cand].astype(np.int64), kind="stable")][:MAX_HEAVY])
-    code, n_sampled_blocks = _codes(np.ascontiguousarray(block_hash, dtype=np.uint64),
-                                    np.ascontiguousarray(block_tenant, dtype=np.int32),
-                                    heavy_blocks.astype(np.int64), np.uint64(int(rate * (1 << 24) + 0.5)))
+    counts = np.zeros(size.shape[0], dtype=np.uint32)
+    strided_counts_into(counts, block, 0, HEAVY_STEP)
+    heavy = heavy_from_counts(counts, rate)
     del counts
-    bitmap = np.packbits(code != SKIPPED, bitorder="little")
-    stride = max(1, int(round(1.0 / rate)))
-    out = np.empty(block.shape[0] + 1, dtype=np.int64)
-    tracked = out[:tracked_accesses(block, bitmap, out)]
-    tracked_block = block[tracked].astype(np.int64)
-    state = StackState(n_sampled_blocks + 1)
-    slot_time = np.zeros(state.slot_block.shape[0], dtype=np.int64)
-    out_t, out_dist, out_w = shards_distances(
-        block, size, req_start, tracked, tracked_block, prefix_aware, code, size[heavy_blocks].astype(np.int64), stride,
-        float(rate), int(window if window is not None else round(4.0 / rate)), state.tree, state.offsets,
-        state.slot_block, state.slot_size, slot_time, state.last_slot, state.scalars)
-    usable = usable_estimates(out_t, out_dist, request)
-    return out_t, out_dist, usable, out_w, heavy_blocks, code
+    sampler = Sampler(size, block_hash, block_tenant, heavy, rate, prefix_aware, req_start, window)
+    R = req_start.shape[0] - 1
+    cuts = sorted({0, R, *(int(c) for c in (chunks or ()) if 0 < int(c) < R)})
+    parts = []
+    for r0, r1 in zip(cuts[:-1], cuts[1:]):
+        lo, hi = int(req_start[r0]), int(req_start[r1])
+        parts.append(sampler.feed(block[lo:hi], lo, r0))
+    if not parts:
+        empty_i, empty_f = np.empty(0, np.int64), np.empty(0, np.float64)
+        return Sample(empty_i, empty_f, empty_f, empty_f, empty_i, empty_i, empty_i, empty_i,
+                      np.empty(0, dtype=bool)), heavy
+    return Sample(*(np.concatenate([p[i] for p in parts]) for i in range(len(Sample._fields)))), heavy
