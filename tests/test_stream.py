@@ -115,11 +115,17 @@ def test_streamed_curve_equals_in_memory(mixed, loaded, eviction, options):
 
 
 @pytest.mark.parametrize("eviction", EVICTIONS)
-def test_sampled_curve_on_a_streamed_trace_equals_in_memory(mixed, loaded, eviction):
-    expected = compute_curve(loaded, eviction=eviction, sample_rate=0.05)
-    with open_stream(mixed) as st:
-        got = compute_curve(st, eviction=eviction, sample_rate=0.05)
+@pytest.mark.parametrize("options", [{}, {"warmup": "20%", "by": "type"}])
+def test_sampled_curve_on_a_streamed_trace_equals_in_memory(mixed, loaded, eviction, options):
+    expected = compute_curve(loaded, eviction=eviction, sample_rate=0.05, **options)
+    with open_stream(mixed, columns=KEEP) as st:
+        got = compute_curve(st, eviction=eviction, sample_rate=0.05, **options)
+        # the knee keys of the evaluated accesses went to disk, one chunk at a time
+        size = (st.spill / "sampled_keys").stat().st_size  # 24 bytes per measured evaluated access
+        assert size % 24 == 0 and 0 < size <= 24 * got.info["sampled_accesses"]
+        assert (size == 24 * got.info["sampled_accesses"]) == ("warmup" not in options)
     assert_same_curve(expected, got)
+    assert expected.info["approximate"] and expected.info["sampled_accesses"] > 0
 
 
 def test_one_chunk_and_many_chunks_agree(mixed, loaded, monkeypatch):
