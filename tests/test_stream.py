@@ -80,9 +80,19 @@ def test_scan_gives_the_in_memory_access_table(mixed, loaded):
         assert_array_equal(np.concatenate([c.block for c in chunks]), a.block)
         assert_array_equal(np.concatenate([c.tokens for c in chunks]), a.tokens)
         assert_array_equal(np.concatenate([c.pos for c in chunks]), a.pos)
-        only = list(st.access_chunks(blocks_only=True))
+        only = list(st.access_chunks(layout=False))
         assert_array_equal(np.concatenate([c.block for c in only]), a.block)
         assert all(c.tokens is None and c.pos is None for c in only)
+        back = list(st.access_chunks(reverse=True, layout=False))
+        assert [c.lo for c in back] == [c.lo for c in chunks][::-1]
+        assert_array_equal(np.concatenate([c.block for c in back[::-1]]), a.block)
+        # per-access spill files alongside, and a short one is an error naming it
+        np.arange(loaded.n_accesses, dtype=np.int64).tofile(st.spill / "x")
+        got = np.concatenate([c.extra[0] for c in st.access_chunks(blocks=False, extra=[(st.spill / "x", np.int64)])])
+        assert_array_equal(got, np.arange(loaded.n_accesses))
+        np.arange(loaded.n_accesses - 1, dtype=np.int64).tofile(st.spill / "x")
+        with pytest.raises(KvtraceError, match="cut short"):
+            list(st.access_chunks(extra=[(st.spill / "x", np.int64)]))
         every = np.arange(loaded.n_accesses)  # derived on indexing, at any accesses
         assert_array_equal(st.accesses.tokens[every[::-1]], a.tokens[::-1])
         assert_array_equal(st.accesses.pos[every[::-1]], a.pos[::-1])
@@ -170,7 +180,7 @@ def test_generic_parquet_streams_like_memory(tmp_path, share):
     mem = load_trace(path, block_tokens=16, share_tenants=share)
     assert mem.requests["timestamp"][0] == 0.0  # shifted to the first arrival
     with open_stream(path, block_tokens=16, share_tenants=share, columns=("tenant",)) as st:
-        assert_array_equal(np.concatenate([c.block for c in st.access_chunks(blocks_only=True)]), mem.accesses.block)
+        assert_array_equal(np.concatenate([c.block for c in st.access_chunks(layout=False)]), mem.accesses.block)
         assert_array_equal(st.request_timestamp, mem.request_timestamp)
         for ev in EVICTIONS:
             assert_same_curve(compute_curve(mem, eviction=ev, by="tenant"),

@@ -17,7 +17,7 @@ trace streamed from Parquet give the same curve bit for bit.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -25,42 +25,31 @@ from .distances import Distances
 from .kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
 from .kernels.shards import HEAVY_STEP, Sampler, heavy_from_counts, strided_counts_into
 from .kernels.stackdist import COLD
+from . import stream as stream_mod
+from .stream import AccessChunk, BinnedPass
 
 #: Hash-disjoint sub-samples behind a sampled curve's error estimate.
 SUBSAMPLES = 8
 
 
-class AccessChunk(NamedTuple):
-    """Accesses ``lo..lo + len(block)`` = requests ``r..r_end - 1`` of a trace."""
-
-    r: int
-    r_end: int
-    lo: int
-    block: np.ndarray
-    tokens: np.ndarray | None  # None when only the blocks were asked for
-    pos: np.ndarray | None
-
-
 def memory_chunks(trace, blocks_only: bool = False, size: int | None = None) -> Iterator[AccessChunk]:
     """Chunks of whole requests (about ``size`` accesses) of an in-memory trace (views)."""
-    from .stream import CHUNK_ACCESSES
-
     a = trace.accesses
     rs = a.req_start
     n_req = rs.shape[0] - 1
-    size = CHUNK_ACCESSES if size is None else size
+    size = stream_mod.CHUNK_ACCESSES if size is None else size  # read at each call
     r = 0
     while r < n_req:
         r_end = min(max(int(np.searchsorted(rs, rs[r] + size, side="right")) - 1, r + 1), n_req)
         lo, hi = int(rs[r]), int(rs[r_end])
-        yield AccessChunk(r, r_end, lo, a.block[lo:hi], None if blocks_only else a.tokens[lo:hi],
+        yield AccessChunk(r, r_end, lo, hi, a.block[lo:hi], None if blocks_only else a.tokens[lo:hi],
                           None if blocks_only else a.pos[lo:hi])
         r = r_end
 
 
 def _chunks_of(trace, blocks_only: bool = False) -> Iterator[AccessChunk]:
-    if hasattr(trace, "access_chunks"):  # kvtrace.stream.StreamedTrace
-        return trace.access_chunks(blocks_only=blocks_only)
+    if hasattr(trace, "access_chunks"):  # kvtrace.stream.StreamedTrace: block ids as stored
+        return trace.access_chunks(layout=not blocks_only, block_dtype=None)
     return memory_chunks(trace, blocks_only=blocks_only)
 
 
@@ -132,7 +121,6 @@ def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, 
     """The sampled pass (see the module docstring), as a :class:`kvtrace.stream.BinnedPass`
     with the request weights, the sub-sample histograms and the evaluated count."""
     from .curves import _Stream
-    from .stream import BinnedPass
 
     a = trace.accesses
     rs = a.req_start

@@ -247,14 +247,9 @@ def _label_codes(column: pl.Series) -> tuple[pl.Series, np.ndarray]:
 def _read_chunks(trace, size: int):
     """(block ids int64, request int32/int64, pos int32, tokens int32) of chunks of whole
     requests of a streamed trace, read back from its spill file in trace order."""
-    from .stream import _ID_DTYPE
-
     ridx = np.int32 if trace.n_requests <= np.iinfo(np.int32).max else np.int64
-    with open(trace.spill / "blocks", "rb") as fh:
-        for r, r_end, lo, hi in trace._chunks(size):
-            block = np.fromfile(fh, dtype=_ID_DTYPE, count=hi - lo).astype(np.int64)
-            _, tokens, pos, local_req = trace._layout(r, r_end, lo)
-            yield block, (local_req + r).astype(ridx), pos, tokens
+    for ch in trace.access_chunks(size=size):
+        yield ch.block, (ch.local_req + ch.r).astype(ridx), ch.pos, ch.tokens
 
 
 def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:

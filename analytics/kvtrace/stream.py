@@ -42,7 +42,13 @@ A sampled run (``--sample-rate``) on a streamed trace makes the same chunked pas
 in memory (:mod:`kvtrace.sampled`): the SHARDS kernel carries its state from chunk to
 chunk and bins as it goes, so it equals the in-memory result bit for bit in memory
 O(tracked blocks + sampled requests); the evaluated accesses' usable keys for the knee
-search go to one more spill file (24 bytes per evaluated access, about R of them).
+search go to one more spill file (24 bytes per evaluated access, about ``rate`` of the
+accesses).
+
+Every pass after the scan (exact and sampled curves, ``whatif``, ``value``, ``stats``)
+reads the spill files through one reader, :meth:`StreamedTrace.access_chunks`: chunks
+of whole requests, forward or backward, with the derived request layout and any
+per-access spill files of the pass alongside; a file cut short is an error naming it.
 
 When to stream (:func:`should_stream`): ``kvtrace curve`` streams a Parquet trace
 whose in-memory run would need more than the memory budget, and always with
@@ -56,7 +62,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import polars as pl
@@ -199,6 +205,30 @@ class BinnedPass:
     n_evaluated: int | None = None
 
 
+class AccessChunk(NamedTuple):
+    """Accesses ``lo..hi - 1`` = requests ``r..r_end - 1`` of a trace; the fields not
+    asked for are None (:meth:`StreamedTrace.access_chunks`)."""
+
+    r: int
+    r_end: int
+    lo: int
+    hi: int
+    block: np.ndarray | None
+    tokens: np.ndarray | None  # int32
+    pos: np.ndarray | None  # int32
+    lrs: np.ndarray | None = None  # int64[r_end - r + 1]: local request offsets
+    local_req: np.ndarray | None = None  # request of each access, minus r
+    extra: tuple = ()  # one array per extra spill file asked for
+
+
+def read_exact(fh, dtype, count: int, path: Path) -> np.ndarray:
+    """``count`` values from an open spill file; a shorter read is an error naming it."""
+    x = np.fromfile(fh, dtype=dtype, count=count)
+    if x.shape[0] != count:
+        raise KvtraceError(f"spill file cut short: read {x.shape[0]} of {count} values", path=str(path))
+    return x
+
+
 class _Derived:
     """A per-access column computed on indexing (``tokens`` or ``pos``) from the
     request offsets (e.g. at the next accesses a value pass looks ahead to)."""
@@ -332,20 +362,49 @@ class StreamedTrace:
         local_req, pos = request_and_pos(lrs)
         return lrs, tokens, pos, local_req
 
-    def access_chunks(self, blocks_only: bool = False):
-        """Chunks of whole requests read back from the spill file in order, as
-        :class:`kvtrace.sampled.AccessChunk` (tokens and positions derived from the
-        request offsets unless ``blocks_only``)."""
-        from .sampled import AccessChunk
+    def access_chunks(self, *, blocks: bool = True, layout: bool = True, extra: Sequence[tuple] = (),
+                      size: int | None = None, reverse: bool = False, block_dtype=np.int64) -> Iterator[AccessChunk]:
+        """Chunks of whole requests (about ``size`` accesses, default
+        :data:`CHUNK_ACCESSES`) read back from the spill files: the one reader of every
+        streamed pass.
 
-        with open(self.spill / "blocks", "rb") as fh:
-            for r, r_end, lo, hi in self._chunks():
-                block = np.fromfile(fh, dtype=_ID_DTYPE, count=hi - lo)
-                if blocks_only:
-                    yield AccessChunk(r, r_end, lo, block, None, None)
-                else:
-                    _, tokens, pos, _ = self._layout(r, r_end, lo)
-                    yield AccessChunk(r, r_end, lo, block, tokens, pos)
+        Parameters
+        ----------
+        blocks : bool
+            Read the block ids (``block_dtype``; None: as stored, int32).
+        layout : bool
+            Derive the request layout: local request offsets ``lrs``, ``local_req``,
+            ``tokens`` and ``pos`` (int32) of each access.
+        extra : sequence of (path, dtype)
+            Spill files of one value per access to read alongside (``chunk.extra``).
+        reverse : bool
+            Last chunk first (backward passes).
+
+        A file shorter than the trace is an error naming it, never a short chunk.
+        """
+        files = [(self.spill / "blocks", _ID_DTYPE)] if blocks else []
+        files += [(Path(path), np.dtype(dt)) for path, dt in extra]
+        handles = [open(path, "rb") for path, _ in files]
+        try:
+            chunks = self._chunks(size)
+            for r, r_end, lo, hi in (reversed(list(chunks)) if reverse else chunks):
+                cols = []
+                for fh, (path, dt) in zip(handles, files):
+                    if reverse:
+                        fh.seek(lo * np.dtype(dt).itemsize)
+                    cols.append(read_exact(fh, dt, hi - lo, path))
+                block = None
+                if blocks:
+                    block = cols.pop(0)
+                    if block_dtype is not None:
+                        block = block.astype(block_dtype)
+                lrs = tokens = pos = local_req = None
+                if layout:
+                    lrs, tokens, pos, local_req = self._layout(r, r_end, lo)
+                yield AccessChunk(r, r_end, lo, hi, block, tokens, pos, lrs, local_req, tuple(cols))
+        finally:
+            for fh in handles:
+                fh.close()
 
     def binned_pass(self, ev: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
                     n_groups: int, block_tokens: int,
@@ -370,10 +429,8 @@ class StreamedTrace:
         no_group = np.empty(0, dtype=np.int32)
         prefix_aware = ev == "prefix-aware"
         usable_path = self.spill / "usable"
-        with open(self.spill / "blocks", "rb") as blocks, open(usable_path, "wb") as usable_out:
-            for r, r_end, lo, hi in self._chunks():
-                block = np.fromfile(blocks, dtype=_ID_DTYPE, count=hi - lo).astype(np.int64)
-                lrs, tokens, pos, local_req = self._layout(r, r_end, lo)
+        with open(usable_path, "wb") as usable_out:
+            for r, r_end, lo, hi, block, tokens, pos, lrs, local_req, _ in self.access_chunks():
                 dist = np.empty(hi - lo, dtype=np.int64)
                 usable = np.empty(hi - lo, dtype=np.int64)
                 stack_distances_chunk(block, size, lrs, r, prefix_aware, *state.arrays(), dist, no_prev, usable)
@@ -395,14 +452,11 @@ class StreamedTrace:
 
         def in_ranges(lo_keys: np.ndarray, hi_keys: np.ndarray):
             parts = []
-            with open(usable_path, "rb") as fh:
-                for r, r_end, lo, hi in self._chunks():
-                    u = np.fromfile(fh, dtype=np.int64, count=hi - lo)
-                    if hi <= first_acc:
-                        continue
-                    _, tokens, pos, _ = self._layout(r, r_end, lo)
-                    parts.append(keys_in_ranges(u, max(first_acc - lo, 0), tokens, pos, block_tokens,
-                                                lo_keys, hi_keys, no_scale))
+            for ch in self.access_chunks(blocks=False, extra=[(usable_path, np.int64)]):
+                if ch.hi <= first_acc:
+                    continue
+                parts.append(keys_in_ranges(ch.extra[0], max(first_acc - ch.lo, 0), ch.tokens, ch.pos,
+                                            block_tokens, lo_keys, hi_keys, no_scale))
             if not parts:
                 return keys_in_ranges(empty, 0, np.empty(0, np.int32), np.empty(0, np.int32), block_tokens,
                                       lo_keys, hi_keys, no_scale)

@@ -66,6 +66,7 @@ latest access index: 53 x M) and written chunk by chunk, atomically
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 import os
@@ -85,7 +86,7 @@ from .kernels.future import best_keep_value_into
 from .kernels.future_stream import block_extent, lead_lag_windows, next_access_chunk
 from .kernels.sums import PairwiseSum, add_at, count_at
 from .model import GpuSpec, ModelSpec
-from .stream import StreamedTrace
+from .stream import AccessChunk, StreamedTrace, read_exact
 from .value import (
     DEFAULT_HORIZON_S,
     FutureReuse,
@@ -277,7 +278,7 @@ class StreamedFutureReuse:
         with open(next_path, "rb") as f_next:
             for lag, w in self._windows(req_ts, state):
                 m = lag.block.shape[0]
-                next_t = _read_exact(f_next, np.int64, m, next_path)
+                next_t = read_exact(f_next, np.int64, m, next_path)
                 nbytes = t.block_size[lag.block].astype(np.int64) * bpt
                 next_gap, interval_gain = self._next_columns(lag.ts, next_t, w.reuses > 0, req_ts)
                 hold, gain_s, gain_d, cost, value, interval_value = _access_values(
@@ -298,14 +299,13 @@ class StreamedFutureReuse:
         t = self.trace
         size = _chunk_accesses()
         track = state.latest.shape[0] > 0
-        blocks_path = t.spill / "blocks"
-        with open(blocks_path, "rb") as f_lead, open(blocks_path, "rb") as f_lag:
-            lead_chunks, lag_chunks = t._chunks(size), t._chunks(size)
-            lead = _read_chunk(t, f_lead, next(lead_chunks, None), req_ts)
+        lead_chunks, lag_chunks = t.access_chunks(size=size), t.access_chunks(size=size)
+        try:
+            lead = _read_chunk(t, next(lead_chunks, None), req_ts)
             final = lead is None
             i = 0
             for lag_c in lag_chunks:
-                lag = _read_chunk(t, f_lag, lag_c, req_ts)
+                lag = _read_chunk(t, lag_c, req_ts)
                 m = lag.block.shape[0]
                 w = _Windows(np.empty(m, np.int64), np.empty(m if track else 0, np.int64), np.empty(m, np.float64),
                              np.empty(m, np.int64), np.empty(m, np.int64), np.empty(m, bool))
@@ -318,10 +318,13 @@ class StreamedFutureReuse:
                                             w.reuse_q, w.starts_stay)
                     if j == m:
                         break
-                    lead = _read_chunk(t, f_lead, next(lead_chunks, None), req_ts)
+                    lead = _read_chunk(t, next(lead_chunks, None), req_ts)
                     final = lead is None
                     i = 0
                 yield lag, w
+        finally:
+            lead_chunks.close()
+            lag_chunks.close()
 
     def _next_columns(self, ts, next_t, keep, req_ts):
         """(next_gap_s, interval_gain_gpu_seconds) of a chunk from its next accesses:
@@ -352,25 +355,14 @@ def _empty_future(f: StreamedFutureReuse) -> FutureReuse:
                        horizon_s=f.horizon_s, costs=f.costs, info=f.info)
 
 
-def _read_exact(fh, dtype, count: int, path: Path) -> np.ndarray:
-    x = np.fromfile(fh, dtype=dtype, count=count)
-    if x.shape[0] != count:
-        raise KvtraceError(f"spill file cut short: read {x.shape[0]} of {count} values", path=str(path))
-    return x
-
-
-def _read_chunk(t: StreamedTrace, fh, chunk, req_ts: np.ndarray) -> _Chunk | None:
-    """The accesses of chunk ``(r, r_end, lo, hi)`` (None: past the end), read from the
-    block spill file at the handle's position."""
-    if chunk is None:
+def _read_chunk(t: StreamedTrace, ch: AccessChunk | None, req_ts: np.ndarray) -> _Chunk | None:
+    """A chunk's accesses as the window pass reads them (None: past the end)."""
+    if ch is None:
         return None
-    r, r_end, lo, hi = chunk
-    block = _read_exact(fh, stream_mod._ID_DTYPE, hi - lo, t.spill / "blocks").astype(np.int64)
-    lrs, tokens, pos, local_req = t._layout(r, r_end, lo)
-    k = tokens.astype(np.int64)
-    start = pos.astype(np.int64) * int(t.meta.block_tokens)
+    k = ch.tokens.astype(np.int64)
+    start = ch.pos.astype(np.int64) * int(t.meta.block_tokens)
     q = k * start + k * (k - 1) // 2  # as kvtrace.value.future_reuse
-    return _Chunk(r, lo, lrs, local_req, block, req_ts[r + local_req], k, q)
+    return _Chunk(ch.r, ch.lo, ch.lrs, ch.local_req, ch.block, req_ts[ch.r + ch.local_req], k, q)
 
 
 def _request_times(t: StreamedTrace) -> np.ndarray:
@@ -392,14 +384,11 @@ def _next_accesses(t: StreamedTrace, progress: Progress | None) -> Path:
     tmp = path.with_name(path.name + ".tmp")
     N = t.n_accesses
     nxt = np.full(t.n_blocks, -1, dtype=_index_dtype(N))
-    chunks = list(t._chunks(_chunk_accesses()))  # O(requests / chunk)
-    itemsize = np.dtype(stream_mod._ID_DTYPE).itemsize
     try:
-        with open(t.spill / "blocks", "rb") as fin, open(tmp, "wb") as fout:
+        with open(tmp, "wb") as fout:
             fout.truncate(N * 8)
-            for r, r_end, lo, hi in reversed(chunks):
-                fin.seek(lo * itemsize)
-                block = _read_exact(fin, stream_mod._ID_DTYPE, hi - lo, t.spill / "blocks").astype(np.int64)
+            for ch in t.access_chunks(size=_chunk_accesses(), layout=False, reverse=True):
+                lo, hi, block = ch.lo, ch.hi, ch.block
                 out = np.empty(hi - lo, dtype=np.int64)
                 next_access_chunk(block, lo, nxt, out)
                 fout.seek(lo * 8)
@@ -491,15 +480,12 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
     root = np.zeros(M, dtype=_index_dtype(M))
     write_sum, read_sum, occ_sum = PairwiseSum(N), PairwiseSum(N), PairwiseSum(N)
     no_reuse = 0
-    blocks_path = t.spill / "blocks"
-    with open(blocks_path, "rb") as f_block, open(next_path, "rb") as f_next, open(flags_path, "rb") as f_flags:
-        for r, r_end, lo, hi in t._chunks(_chunk_accesses()):
-            m = hi - lo
-            block = _read_exact(f_block, stream_mod._ID_DTYPE, m, blocks_path).astype(np.int64)
-            next_t = _read_exact(f_next, np.int64, m, next_path)
-            flags = _read_exact(f_flags, np.uint8, m, flags_path)
+    chunks = t.access_chunks(size=_chunk_accesses(), extra=[(next_path, np.int64), (flags_path, np.uint8)])
+    with contextlib.closing(chunks):
+        for ch in chunks:
+            r, block, lrs, local_req = ch.r, ch.block, ch.lrs, ch.local_req
+            next_t, flags = ch.extra
             keep, starts_stay = (flags & 1).view(bool), (flags >> 1).view(bool)
-            lrs, _, _, local_req = t._layout(r, r_end, lo)
             ts = req_ts[r + local_req]
             next_gap, interval_gain = fut._next_columns(ts, next_t, keep, req_ts)
             nbytes = t.block_size[block].astype(np.int64) * bpt
@@ -517,7 +503,7 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
             read_sum.add(read_acc)
             occ_sum.add(occ_acc)
             no_reuse += int(np.count_nonzero(~keep))
-            progress(hi)
+            progress(ch.hi)
     return {"gain_s": gain_s, "cost": cost, "total": total, "free": free, "hits": hits, "first_req": first_req,
             "last_req": last_req, "root": root, "write_cost_dollars": write_sum.value,
             "read_cost_dollars": read_sum.value, "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse}

@@ -447,30 +447,13 @@ def _first_blocks(trace) -> np.ndarray:
     if not isinstance(trace, StreamedTrace):
         first[nonempty] = trace.accesses.block[rs[:-1][nonempty]]
         return first
-    for r, r_end, lo, block, _tokens, _pos, lrs in _stream_chunks(trace):
-        ne = lrs[1:] > lrs[:-1]
-        first[r:r_end][ne] = block[lrs[:-1][ne]]
+    for ch in trace.access_chunks():
+        ne = ch.lrs[1:] > ch.lrs[:-1]
+        first[ch.r:ch.r_end][ne] = ch.block[ch.lrs[:-1][ne]]
     return first
 
 
 # --------------------------------------------------------------------------- streamed traces
-
-
-def _stream_chunks(trace: StreamedTrace, *extra: tuple):
-    """Chunks of whole requests of a streamed trace, in order: ``(r, r_end, lo, block,
-    tokens, pos, local offsets)`` followed by one array per ``extra`` ``(path, dtype)``
-    spill file of per-access values (the chunk's slice of each)."""
-    files = [open(path, "rb") for path, _ in extra]
-    try:
-        with open(trace.spill / "blocks", "rb") as blocks:
-            for r, r_end, lo, hi in trace._chunks():
-                block = np.fromfile(blocks, dtype=np.int32, count=hi - lo).astype(np.int64)
-                lrs, tokens, pos, _ = trace._layout(r, r_end, lo)
-                cols = tuple(np.fromfile(fh, dtype=dt, count=hi - lo) for fh, (_, dt) in zip(files, extra))
-                yield (r, r_end, lo, block, tokens, pos, lrs, *cols)
-    finally:
-        for fh in files:
-            fh.close()
 
 
 @njit(**NJIT)
@@ -490,16 +473,12 @@ def _streamed_oracle_flags(trace: StreamedTrace, decisions: Path, out: Path) -> 
     to ``out`` (int8 per access): chunks are read last to first, carrying one byte per
     block."""
     next_flash = np.zeros(trace.n_blocks, dtype=np.int8)
-    chunks = list(trace._chunks())
-    with open(trace.spill / "blocks", "rb") as blocks, open(decisions, "rb") as dec, open(out, "wb") as fh:
+    with open(out, "wb") as fh:
         fh.truncate(trace.n_accesses)
-        for r, r_end, lo, hi in reversed(chunks):
-            blocks.seek(lo * 4)
-            dec.seek(lo)
-            block = np.fromfile(blocks, dtype=np.int32, count=hi - lo)
-            flags = np.empty(hi - lo, dtype=np.int8)
-            _oracle_chunk(block, np.fromfile(dec, dtype=np.int8, count=hi - lo), next_flash, flags)
-            fh.seek(lo)
+        for ch in trace.access_chunks(layout=False, extra=[(decisions, np.int8)], reverse=True, block_dtype=None):
+            flags = np.empty(ch.hi - ch.lo, dtype=np.int8)
+            _oracle_chunk(ch.block, ch.extra[0], next_flash, flags)
+            fh.seek(ch.lo)
             flags.tofile(fh)
 
 
@@ -586,14 +565,15 @@ def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, pr
     extra = [(p, dt) for p, dt in ((values, np.float64), (oracle_ok, np.int8)) if p is not None]
     out = open(decisions_out, "wb") if decisions_out is not None else None
     try:
-        for r, r_end, lo, block, tokens, pos, lrs, *cols in _stream_chunks(trace, *extra):
+        for ch in trace.access_chunks(extra=extra):
+            cols = list(ch.extra)
             v = cols.pop(0) if values is not None else None
             o = cols.pop(0) if oracle_ok is not None else None
-            decision = sim.feed(block, tokens, pos, lrs, v, o)
+            decision = sim.feed(ch.block, ch.tokens, ch.pos, ch.lrs, v, o)
             if out is not None:
                 decision.tofile(out)
             if progress is not None:
-                progress(int(lrs[-1]) + lo, trace.n_accesses)
+                progress(ch.hi, trace.n_accesses)
     finally:
         if out is not None:
             out.close()
