@@ -1583,6 +1583,11 @@ def main() -> None:
     # A crash inside native code (Numba, Arrow, Polars) prints the Python stack on
     # stderr instead of dying silently: the one trace a report needs.
     faulthandler.enable()
+    # huge pages for the kernels' tables only, not for every per-access array
+    # (kvtrace.kernels.memory: about 2 s of system time on a 30M-access curve)
+    from .kernels.memory import stop_numpy_huge_pages
+
+    stop_numpy_huge_pages()
 
     def terminated(signum, frame):  # SIGTERM unwinds like Ctrl+C: temporary files are removed
         raise SystemExit(128 + signum)

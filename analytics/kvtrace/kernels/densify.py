@@ -18,6 +18,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT
+from .memory import table_full, table_zeros
 
 _EMPTY = -1
 #: Most entries of a direct table (64 Mi int32 = 256 MiB).
@@ -49,7 +50,7 @@ class DensifyState:
         self.block_size = np.zeros(expected, dtype=np.int64)
         self.n_ns = int(n_ns)
         #: direct table indexed by hash * n_ns + ns + 1 (None: hash-table mode)
-        self.direct = np.full(direct_size, -1, dtype=np.int32) if direct_size else None
+        self.direct = table_full(direct_size, -1, np.int32) if direct_size else None
         if self.direct is None:
             cap = 1 << max(12, int(np.ceil(np.log2(expected / _LOAD))))
             self._new_table(cap)
@@ -57,9 +58,10 @@ class DensifyState:
             self.slot_id = None
 
     def _new_table(self, cap: int) -> None:
-        self.slot_hash = np.zeros(cap, dtype=np.uint64)
-        self.slot_ns = np.zeros(cap, dtype=np.int32)
-        self.slot_id = np.full(cap, _EMPTY, dtype=np.int32)
+        # the hash table is read at random: huge pages (kvtrace.kernels.memory)
+        self.slot_hash = table_zeros(cap, np.uint64)
+        self.slot_ns = table_zeros(cap, np.int32)
+        self.slot_id = table_full(cap, _EMPTY, np.int32)
 
     def fits_direct(self, top: int, ns_max: int) -> bool:
         return self.direct is not None and ns_max + 2 <= self.n_ns and (top + 1) * self.n_ns <= self.direct.shape[0]

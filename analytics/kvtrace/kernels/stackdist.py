@@ -42,6 +42,7 @@ import numpy as np
 from numba import njit
 
 from ..config import NJIT
+from .memory import table_full, table_zeros
 
 COLD = np.iinfo(np.int64).max
 
@@ -74,12 +75,13 @@ class StackState:
             offsets.append(total)
             total += n
         offsets.append(total)  # end of the top level
-        self.tree = np.zeros(max(total, 1), dtype=np.int64)
+        # tables read at random: huge pages where large (kvtrace.kernels.memory)
+        self.tree = table_zeros(max(total, 1), np.int64)
         self.offsets = np.array(offsets, dtype=np.int64)
-        self.slot_block = np.full(slots, -1, dtype=np.int64)
-        self.slot_size = np.zeros(slots, dtype=np.int64)  # size at a live slot, 0 when free
-        self.last_slot = np.full(int(n_blocks), -1, dtype=np.int64)
-        self.last_request = np.full(int(n_blocks), -1, dtype=np.int64)
+        self.slot_block = table_full(slots, -1, np.int64)
+        self.slot_size = table_zeros(slots, np.int64)  # size at a live slot, 0 when free
+        self.last_slot = table_full(int(n_blocks), -1, np.int64)
+        self.last_request = table_full(int(n_blocks), -1, np.int64)
         self.scalars = np.zeros(4, dtype=np.int64)
         self.scalars[_CACHE_SLOT] = -1
 

@@ -120,6 +120,7 @@ from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
 from .bits import bit_length
+from .memory import table_zeros
 from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
@@ -821,7 +822,7 @@ class TierRun(NamedTuple):
 
 def _aligned_zeros(n: int) -> np.ndarray:
     """uint8[n] of zeros starting on a 64-byte boundary (a cache line)."""
-    buf = np.zeros(n + 64, dtype=np.uint8)
+    buf = table_zeros(n + 64, np.uint8)
     off = -buf.ctypes.data % 64
     return buf[off:off + n]
 
@@ -839,7 +840,7 @@ def _state(size, n_lists: int) -> np.ndarray:
     slots = _LIST0 + n_lists
     slots += -slots % 4
     row = slots * 16
-    buf = np.empty((n_blocks + 1) * row + 64, dtype=np.uint8)  # numpy advises huge pages for it
+    buf = table_zeros((n_blocks + 1) * row + 64, np.uint8)  # huge pages (kvtrace.kernels.memory)
     off = -buf.ctypes.data % 64
     st = buf[off:off + (n_blocks + 1) * row].view(np.int32).reshape(n_blocks + 1, slots, 4)
     _init_rows(st, size)

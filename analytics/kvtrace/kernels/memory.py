@@ -1,0 +1,58 @@
+"""Memory for the kernels' random-access tables: huge pages where they pay.
+
+The kernels read per-block tables (the tier simulator's rows, the stack's slot arrays,
+the densify hash table) at random, hundreds of MB of them: with 4 KiB pages nearly
+every access also misses the TLB, and 2 MiB pages (transparent huge pages) remove most
+of those misses. numpy asks for huge pages for every large array, but the per-access
+arrays, read once in order, gain nothing from them and pay for them: on a kernel that
+only grants huge pages on request (``madvise``, the usual default) and compacts memory
+to find them, faulting in gigabytes of them cost a 30M-access ``kvtrace curve`` about
+2 s of system time (of 10 s end to end). So the CLI turns numpy's request off
+(:func:`stop_numpy_huge_pages`) and the tables ask for huge pages themselves
+(:func:`table_zeros`, :func:`table_full`). Results never depend on any of this.
+"""
+
+from __future__ import annotations
+
+import mmap
+
+import numpy as np
+
+#: Tables smaller than this stay ordinary numpy arrays (a few huge pages gain nothing).
+HUGE_MIN_BYTES = 8 << 20
+
+
+def table_zeros(shape, dtype) -> np.ndarray:
+    """A zeroed array for a random-access table, its memory advised to be backed by
+    huge pages (anonymous memory: zero-filled, page-aligned; a plain numpy array when
+    small, or where the system has no such advice)."""
+    dtype = np.dtype(dtype)
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
+    n = int(np.prod(shape, dtype=np.int64))
+    nbytes = n * dtype.itemsize
+    if nbytes < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return np.zeros(shape, dtype=dtype)
+    mm = mmap.mmap(-1, nbytes)
+    try:
+        mm.madvise(mmap.MADV_HUGEPAGE)
+    except OSError:  # not supported here: ordinary pages
+        pass
+    return np.frombuffer(mm, dtype=dtype, count=n).reshape(shape)  # the array keeps the mapping alive
+
+
+def table_full(shape, value, dtype) -> np.ndarray:
+    """:func:`table_zeros` filled with ``value``."""
+    out = table_zeros(shape, dtype)
+    if value != 0:
+        out.fill(value)
+    return out
+
+
+def stop_numpy_huge_pages() -> None:
+    """Stop numpy asking for huge pages for every large array (the CLI's process only;
+    see the module docstring). numpy reads ``NUMPY_MADVISE_HUGEPAGE`` at import, which
+    is too early for a console script to set; this is the switch it sets from it."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    setter = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if setter is not None:
+        setter(False)

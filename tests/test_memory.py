@@ -1,0 +1,41 @@
+"""The kernels' table allocator (kvtrace.kernels.memory): what it returns must behave
+as the numpy arrays it replaces, small (plain numpy) or large (an advised mapping)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvtrace.kernels import memory
+
+
+@pytest.mark.parametrize("shape", [7, (3, 5), (memory.HUGE_MIN_BYTES // 8 + 3,), (memory.HUGE_MIN_BYTES // 64, 2, 4)])
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint8])
+def test_tables_are_zeroed_writable_arrays(shape, dtype):
+    a = memory.table_zeros(shape, dtype)
+    want = (shape,) if isinstance(shape, int) else shape
+    assert a.shape == want and a.dtype == dtype and a.flags.writeable and a.flags.c_contiguous
+    assert not a.any()
+    a[...] = 3
+    assert (a == 3).all()
+    b = memory.table_full(shape, -1, np.int64)
+    assert b.shape == want and (b == -1).all()
+
+
+def test_a_large_table_is_its_own_mapping_and_outlives_its_name():
+    a = memory.table_zeros(memory.HUGE_MIN_BYTES // 4, np.int32)
+    assert a.ctypes.data % 4096 == 0  # page-aligned anonymous memory
+    view = a[10:20]
+    del a
+    view[:] = 5  # the mapping lives as long as any view of it
+    assert view.sum() == 50
+
+
+def test_numpy_huge_pages_can_be_switched_off():
+    setter = np._core.multiarray._set_madvise_hugepage
+    before = setter(True)
+    try:
+        memory.stop_numpy_huge_pages()
+        assert setter(False) is False  # what stop_numpy_huge_pages left
+    finally:
+        setter(before)
