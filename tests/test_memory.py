@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvtrace.config import stop_numpy_huge_pages
 from kvtrace.kernels import memory
 
 
@@ -35,7 +36,7 @@ def test_numpy_huge_pages_can_be_switched_off():
     setter = np._core.multiarray._set_madvise_hugepage
     before = setter(True)
     try:
-        memory.stop_numpy_huge_pages()
+        stop_numpy_huge_pages()
         assert setter(False) is False  # what stop_numpy_huge_pages left
     finally:
         setter(before)

@@ -1585,7 +1585,7 @@ def main() -> None:
     faulthandler.enable()
     # huge pages for the kernels' tables only, not for every per-access array
     # (kvtrace.kernels.memory: about 2 s of system time on a 30M-access curve)
-    from .kernels.memory import stop_numpy_huge_pages
+    from .config import stop_numpy_huge_pages
 
     stop_numpy_huge_pages()
 

@@ -1,4 +1,4 @@
-"""Numba settings for every kernel, in one place.
+"""Numba and memory settings for every kernel, in one place.
 
 Kernels read their decorator flags from here rather than hard-coding them, so a user
 (or a test) can change them with environment variables:
@@ -32,3 +32,20 @@ NJIT = {"cache": NUMBA_CACHE, "fastmath": FASTMATH, "nogil": True}
 NJIT_INLINE = {**NJIT, "inline": "always"}
 #: Keyword arguments for ``numba.njit`` on kernels that use ``prange``.
 NJIT_PARALLEL = {**NJIT, "parallel": True}
+
+
+def stop_numpy_huge_pages() -> None:
+    """Stop numpy asking the OS for huge pages for every large array (the CLI calls it
+    for its own process). The kernels' random-access tables ask for huge pages
+    themselves (:mod:`kvtrace.kernels.memory`); the per-access arrays, read once in
+    order, gain nothing from them and pay for them: faulting in gigabytes of huge pages
+    (with the usual ``madvise`` defrag, which compacts memory to find them) cost a
+    30M-access ``kvtrace curve`` about 2 s of system time. numpy reads
+    ``NUMPY_MADVISE_HUGEPAGE`` at import, too early for a console script to set; this
+    is the switch that variable sets."""
+    import numpy as np
+
+    core = getattr(np, "_core", None) or getattr(np, "core", None)
+    setter = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+    if setter is not None:
+        setter(False)

@@ -8,7 +8,7 @@ arrays, read once in order, gain nothing from them and pay for them: on a kernel
 only grants huge pages on request (``madvise``, the usual default) and compacts memory
 to find them, faulting in gigabytes of them cost a 30M-access ``kvtrace curve`` about
 2 s of system time (of 10 s end to end). So the CLI turns numpy's request off
-(:func:`stop_numpy_huge_pages`) and the tables ask for huge pages themselves
+(:func:`kvtrace.config.stop_numpy_huge_pages`) and the tables ask for huge pages themselves
 (:func:`table_zeros`, :func:`table_full`). Results never depend on any of this.
 """
 
@@ -46,13 +46,3 @@ def table_full(shape, value, dtype) -> np.ndarray:
     if value != 0:
         out.fill(value)
     return out
-
-
-def stop_numpy_huge_pages() -> None:
-    """Stop numpy asking for huge pages for every large array (the CLI's process only;
-    see the module docstring). numpy reads ``NUMPY_MADVISE_HUGEPAGE`` at import, which
-    is too early for a console script to set; this is the switch it sets from it."""
-    core = getattr(np, "_core", None) or getattr(np, "core", None)
-    setter = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
-    if setter is not None:
-        setter(False)
