@@ -113,6 +113,7 @@ is open. Blocks still resident at the end are not counted.
 from __future__ import annotations
 
 import math
+import types
 from typing import NamedTuple
 
 import numpy as np
@@ -337,8 +338,7 @@ def _unlink(st, L, b):
 
 
 @njit(**NJIT_INLINE)
-def _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
-    policy = ip[I_POLICY]
+def _admit(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
     if policy == P_ALL:
         return True
     if policy == P_NONE:
@@ -382,7 +382,7 @@ def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch
 
 
 @njit(**NJIT_INLINE)
-def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch,
+def _try_write(policy, v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch,
                sk_ops, cnt, sums):
     """Offer block v to flash list X; True iff written (linked at its most-recent end)."""
     if st[v, X, _PREV] != ABSENT:
@@ -396,7 +396,7 @@ def _try_write(v, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts, req_gro
         cnt[C_OFFER_TOK + tier] += s
         if val > 0:
             sums[S_VALUE_BOUND] += val
-    if not _admit(v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
+    if not _admit(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
         return False
     M = st.shape[0] - 1
     _link_mru(st, X, v, M)
@@ -435,9 +435,11 @@ def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use
 
 
 # --------------------------------------------------------------------------- kernel
+#: The admission policy a compiled :func:`_simulate` serves, bound per kernel by
+#: :func:`_specialise` (the template below is never called as it is).
+_KERNEL_POLICY = -1
 
 
-@njit(**NJIT)
 def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_group, values,
               oracle_ok, ip, fp, cap, st, used, gstat, last_val, sketch, sk_ops,
               decision, req_level, req_out, cnt, sums, hist):
@@ -465,7 +467,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     write_through = ip[I_WRITE_THROUGH] != 0
     prefix_aware = ip[I_PREFIX] != 0
     first_measured = ip[I_FIRST_MEASURED]
-    policy = ip[I_POLICY]
+    policy = _KERNEL_POLICY  # a compile-time constant: one kernel per policy (see _specialise)
     shift = ip[I_TIME_SHIFT]
     B = np.float64(ip[I_BLOCK_TOKENS])
     use_sketch = policy == P_TINYLFU
@@ -672,7 +674,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                         tier = first_tier
                         while True:
                             if cand >= 0:
-                                wrote = _try_write(cand, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts,
+                                wrote = _try_write(policy, cand, X, tier, nq, now, meas, ip, fp, st, used, cap, req_ts,
                                                    req_group, gstat, last_val, sketch, sk_ops, cnt, sums)
                                 cand = -1
                                 if wrote and tier == 2:
@@ -999,7 +1001,8 @@ class TierSimulator:
             oracle_ok = np.zeros(0, dtype=np.int8)
         decision = np.full(n_acc, MISS, dtype=np.int8)
         if k > 0:
-            _simulate(block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
+            _SIMULATE[int(self.ip[I_POLICY])](
+                      block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
                       self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
                       self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, self.req_cols,
                       self.cnt, self.sums, self.hist)
@@ -1074,3 +1077,23 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     cold = (decision & COLD_FLAG) != 0
     decision &= 3
     return sim.finish(decision, cold)
+
+
+# --------------------------------------------------------------------------- one kernel per policy
+def _specialise(policy: int):
+    """:func:`_simulate` compiled for one admission policy: the same code with the
+    global ``_KERNEL_POLICY`` bound to a constant, so the compiler drops the other policies'
+    branches from the hot loop (measured: admit-all 20 % faster than one kernel that
+    reads the policy at run time). Each is compiled on its first use and cached on
+    disk under its own name."""
+    name = f"_simulate_{_POLICY_NAMES[policy]}"
+    fn = types.FunctionType(_simulate.__code__, {**globals(), "_KERNEL_POLICY": policy}, name)
+    fn.__qualname__ = name
+    fn.__module__ = __name__
+    fn.__doc__ = _simulate.__doc__
+    return njit(**NJIT)(fn)
+
+
+_POLICY_NAMES = ("all", "none", "freq", "prob", "idle", "value", "oracle", "tinylfu", "group")
+#: The kernel of each policy code (``P_*``).
+_SIMULATE = tuple(_specialise(p) for p in range(len(_POLICY_NAMES)))
