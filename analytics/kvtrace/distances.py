@@ -19,7 +19,7 @@ import polars as pl
 
 from .errors import UsageError
 from .kernels.stackdist import COLD, StackState, stack_distances_chunk
-from .trace import Trace
+from .trace import Trace, request_chunks
 
 EVICTIONS = ("prefix-aware", "flat")
 _CHUNK_ACCESSES = 1 << 20
@@ -112,13 +112,7 @@ def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -
         dist = np.empty(n, dtype=np.int64)
         prev = np.empty(n if (details and main) else 0, dtype=np.int64)
         usable = np.empty(n if main else 0, dtype=np.int64)
-        n_req = req_start.shape[0] - 1
-        r = 0
-        while r < n_req:
-            # chunks of whole requests, about _CHUNK_ACCESSES accesses each
-            r_end = int(np.searchsorted(req_start, req_start[r] + _CHUNK_ACCESSES, side="right"))
-            r_end = min(max(r_end - 1, r + 1), n_req)
-            lo, hi = int(req_start[r]), int(req_start[r_end])
+        for r, r_end, lo, hi in request_chunks(req_start, _CHUNK_ACCESSES):
             stack_distances_chunk(
                 block[lo:hi], sizes, req_start[r:r_end + 1] - lo, r, ev == "prefix-aware",
                 *state.arrays(), dist[lo:hi], prev[lo:hi] if prev.shape[0] else prev,
@@ -126,7 +120,6 @@ def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -
             )
             if progress is not None:
                 progress(p * n + hi, n * len(passes))
-            r = r_end
         outputs.append((dist, prev, usable))
     dist, prev, usable = outputs[0]
     dist_blocks = outputs[1][0] if details else None

@@ -16,6 +16,7 @@ trace streamed from Parquet give the same curve bit for bit.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,7 +27,8 @@ from .kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
 from .kernels.shards import HEAVY_STEP, Sampler, heavy_from_counts, strided_counts_into
 from .kernels.stackdist import COLD
 from . import stream as stream_mod
-from .stream import AccessChunk, BinnedPass
+from .stream import AccessChunk, BinnedPass, read_exact
+from .trace import request_chunks
 
 #: Hash-disjoint sub-samples behind a sampled curve's error estimate.
 SUBSAMPLES = 8
@@ -35,16 +37,10 @@ SUBSAMPLES = 8
 def memory_chunks(trace, blocks_only: bool = False, size: int | None = None) -> Iterator[AccessChunk]:
     """Chunks of whole requests (about ``size`` accesses) of an in-memory trace (views)."""
     a = trace.accesses
-    rs = a.req_start
-    n_req = rs.shape[0] - 1
     size = stream_mod.CHUNK_ACCESSES if size is None else size  # read at each call
-    r = 0
-    while r < n_req:
-        r_end = min(max(int(np.searchsorted(rs, rs[r] + size, side="right")) - 1, r + 1), n_req)
-        lo, hi = int(rs[r]), int(rs[r_end])
+    for r, r_end, lo, hi in request_chunks(a.req_start, size):
         yield AccessChunk(r, r_end, lo, hi, a.block[lo:hi], None if blocks_only else a.tokens[lo:hi],
                           None if blocks_only else a.pos[lo:hi])
-        r = r_end
 
 
 def _chunks_of(trace, blocks_only: bool = False) -> Iterator[AccessChunk]:
@@ -86,7 +82,7 @@ class _KneeKeys:
             return
         with open(self.path, "rb") as fh:
             for n in self.lengths:
-                yield np.fromfile(fh, dtype=self._DTYPE, count=n)
+                yield read_exact(fh, self._DTYPE, n, self.path)
 
     def in_ranges(self, lo_keys: np.ndarray, hi_keys: np.ndarray, block_tokens: int):
         """:func:`kvtrace.kernels.hitcurve.keys_in_ranges` over every evaluated access."""
@@ -195,8 +191,6 @@ def subsample_error(sub_hist: np.ndarray, grid: np.ndarray) -> np.ndarray:
     hash-disjoint groups (by block for sampled blocks, by access for heavy ones); the
     spread of the groups' rates over sqrt(groups) estimates the standard error of the
     whole sample's rate."""
-    import math
-
     pre = sub_hist[1]  # [groups, G + 2, 4]
     hits = np.cumsum(pre[:, : grid.shape[0], 1], axis=1)
     total = pre[:, :, 1].sum(axis=1)

@@ -44,7 +44,7 @@ from .kernels.reuse import previous_access, visit_blocks
 from .kernels.sums import PairwiseSum
 from .model import ModelSpec, resolve_model
 from .quantiles import linear_percentile, order_statistics, percentile_ranks
-from .trace import Trace
+from .trace import Trace, index_dtype
 
 PERCENTILES = (50, 90, 99, 99.9)
 #: Request columns the figures read besides the timestamp: what a streamed trace must
@@ -247,7 +247,7 @@ def _label_codes(column: pl.Series) -> tuple[pl.Series, np.ndarray]:
 def _read_chunks(trace, size: int):
     """(block ids int64, request int32/int64, pos int32, tokens int32) of chunks of whole
     requests of a streamed trace, read back from its spill file in trace order."""
-    ridx = np.int32 if trace.n_requests <= np.iinfo(np.int32).max else np.int64
+    ridx = index_dtype(trace.n_requests)
     for ch in trace.access_chunks(size=size):
         yield ch.block, (ch.local_req + ch.r).astype(ridx), ch.pos, ch.tokens
 
@@ -257,8 +257,8 @@ def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
 
     size = int(stream.CHUNK_ACCESSES)  # read at call time (tests shrink it)
     M, n = trace.n_blocks, trace.n_accesses
-    ridx = np.int32 if trace.n_requests <= np.iinfo(np.int32).max else np.int64
-    count = np.zeros(M, dtype=np.int32 if n <= np.iinfo(np.int32).max else np.int64)
+    ridx = index_dtype(trace.n_requests)
+    count = np.zeros(M, dtype=index_dtype(n))
     first_request = np.full(M, -1, dtype=ridx)
     first_pos = np.zeros(M, dtype=np.int32)
     last_request = np.full(M, -1, dtype=ridx)

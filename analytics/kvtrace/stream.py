@@ -75,7 +75,7 @@ from .kernels.densify import densify
 from .kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
 from .kernels.layout import request_and_pos
 from .kernels.stackdist import COLD, StackState, stack_distances_chunk
-from .trace import TraceMeta
+from .trace import TraceMeta, request_chunks
 from .units import parse_size
 
 #: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (measured:
@@ -341,15 +341,7 @@ class StreamedTrace:
     def _chunks(self, size: int | None = None):
         """(first request, end request, lo, hi) of chunks of whole requests, ~size accesses
         (default :data:`CHUNK_ACCESSES`, read at each call)."""
-        size = CHUNK_ACCESSES if size is None else size
-        rs = self._req_start
-        n_req = rs.shape[0] - 1
-        r = 0
-        while r < n_req:
-            r_end = int(np.searchsorted(rs, rs[r] + size, side="right")) - 1
-            r_end = min(max(r_end, r + 1), n_req)
-            yield r, r_end, int(rs[r]), int(rs[r_end])
-            r = r_end
+        return request_chunks(self._req_start, CHUNK_ACCESSES if size is None else size)
 
     def _layout(self, r: int, r_end: int, lo: int):
         """Local offsets, tokens (int32) and positions (int32) of requests r..r_end-1."""

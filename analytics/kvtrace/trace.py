@@ -34,6 +34,25 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
+
+def request_chunks(req_start: np.ndarray, size: int):
+    """``(r, r_end, lo, hi)`` of consecutive chunks of whole requests, each about
+    ``size`` accesses (one request when a request alone is longer): requests
+    ``r..r_end - 1``, accesses ``lo..hi - 1``."""
+    n_req = req_start.shape[0] - 1
+    r = 0
+    while r < n_req:
+        r_end = int(np.searchsorted(req_start, req_start[r] + size, side="right")) - 1
+        r_end = min(max(r_end, r + 1), n_req)
+        yield r, r_end, int(req_start[r]), int(req_start[r_end])
+        r = r_end
+
+
+def index_dtype(n: int):
+    """The narrower of int32 / int64 that holds every index and count below ``n``."""
+    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
+
+
 @dataclass(frozen=True)
 class TraceMeta:
     """Trace-level metadata, stored in the canonical Parquet key-value metadata.

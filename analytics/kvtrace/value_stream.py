@@ -87,6 +87,7 @@ from .kernels.future_stream import block_extent, lead_lag_windows, next_access_c
 from .kernels.sums import PairwiseSum, add_at, count_at
 from .model import GpuSpec, ModelSpec
 from .stream import AccessChunk, StreamedTrace, read_exact
+from .trace import index_dtype
 from .value import (
     DEFAULT_HORIZON_S,
     FutureReuse,
@@ -120,11 +121,6 @@ def _chunk_accesses() -> int:
     return max(1, stream_mod.CHUNK_ACCESSES // CHUNK_SHARE)
 
 
-def _index_dtype(n: int):
-    """The narrowest of int32 / int64 that holds every index and count below ``n``."""
-    return np.int32 if n <= np.iinfo(np.int32).max else np.int64
-
-
 @dataclass
 class _Chunk:
     """The accesses of one chunk of whole requests, as the windows pass reads them."""
@@ -145,7 +141,7 @@ class _WindowState:
     53 with ``latest`` (the last reuse's index, for the per-access arrays only)."""
 
     def __init__(self, n_blocks: int, n_accesses: int, latest: bool) -> None:
-        idx = _index_dtype(n_accesses)
+        idx = index_dtype(n_accesses)
         self.count = np.zeros(n_blocks, dtype=idx)
         self.cum_tokens = np.zeros(n_blocks, dtype=np.int64)
         self.cum_q = np.zeros(n_blocks, dtype=np.int64)
@@ -383,7 +379,7 @@ def _next_accesses(t: StreamedTrace, progress: Progress | None) -> Path:
         return path
     tmp = path.with_name(path.name + ".tmp")
     N = t.n_accesses
-    nxt = np.full(t.n_blocks, -1, dtype=_index_dtype(N))
+    nxt = np.full(t.n_blocks, -1, dtype=index_dtype(N))
     try:
         with open(tmp, "wb") as fout:
             fout.truncate(N * 8)
@@ -468,7 +464,7 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
     M, N = t.n_blocks, t.n_accesses
     tail = fut.horizon_s if math.isfinite(fut.horizon_s) else 0.0
     bpt = int(fut.info["kv_bytes_per_token"])
-    idx, ridx = _index_dtype(N), _index_dtype(t.n_requests)
+    idx, ridx = index_dtype(N), index_dtype(t.n_requests)
     gain_s = np.zeros(M, dtype=np.float64)
     cost = np.zeros(M, dtype=np.float64)
     total = np.zeros(M, dtype=np.float64)
@@ -477,7 +473,7 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
     hits = np.zeros(M, dtype=idx)
     first_req = np.full(M, -1, dtype=ridx)
     last_req = np.zeros(M, dtype=ridx)
-    root = np.zeros(M, dtype=_index_dtype(M))
+    root = np.zeros(M, dtype=index_dtype(M))
     write_sum, read_sum, occ_sum = PairwiseSum(N), PairwiseSum(N), PairwiseSum(N)
     no_reuse = 0
     chunks = t.access_chunks(size=_chunk_accesses(), extra=[(next_path, np.int64), (flags_path, np.uint8)])

@@ -29,9 +29,10 @@ Both LRU models are supported; the prefix-aware one answers a request's queries
 against the state it found, then touches its blocks tail-first.
 
 The pass runs over chunks of whole requests (:class:`Sampler`), its state carried from
-one to the next (the sum tree, the per-block touch records, and the last ``2 x window``
-block ids, which the exact windows may reach back into), so a trace streamed from disk
-gives the in-memory result bit for bit, in memory O(tracked blocks).
+one to the next (the sum tree, the per-block touch records, and the block ids the exact
+windows may reach back into: the last ``window + 1`` accesses before the chunk and the
+first ``window`` of the request holding the first of them), so a trace streamed from
+disk gives the in-memory result bit for bit, in memory O(tracked blocks).
 
 Cost: one branch-free scan of the block column picks out the tracked accesses and
 their blocks (:func:`tracked_accesses`); the stack work then runs over those alone
@@ -460,7 +461,6 @@ class Sampler:
         bh = np.ascontiguousarray(block_hash, dtype=np.uint64)
         bt = np.ascontiguousarray(block_tenant, dtype=np.int32)
         heavy = np.ascontiguousarray(heavy_blocks, dtype=np.int64)
-        self.heavy_blocks = heavy
         self.words, self.cum, self.ids = tracked_blocks(bh, bt, heavy, np.uint64(int(rate * (1 << 24) + 0.5)))
         self.bitmap = self.words.view(np.uint8)
         n = self.ids.shape[0]

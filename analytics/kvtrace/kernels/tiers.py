@@ -1083,9 +1083,10 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
 def _specialise(policy: int):
     """:func:`_simulate` compiled for one admission policy: the same code with the
     global ``_KERNEL_POLICY`` bound to a constant, so the compiler drops the other policies'
-    branches from the hot loop (measured: admit-all 20 % faster than one kernel that
-    reads the policy at run time). Each is compiled on its first use and cached on
-    disk under its own name."""
+    branches from the hot loop (three side-by-side runs against one kernel that reads
+    the policy at run time: median 1.15x admit-all, 1.19x TinyLFU, 1.02x second-hit).
+    Each is compiled on its first use (about 10 s) and cached on disk under its own
+    name."""
     name = f"_simulate_{_POLICY_NAMES[policy]}"
     fn = types.FunctionType(_simulate.__code__, {**globals(), "_KERNEL_POLICY": policy}, name)
     fn.__qualname__ = name
