@@ -40,3 +40,18 @@ def test_numpy_huge_pages_can_be_switched_off():
         assert setter(False) is False  # what stop_numpy_huge_pages left
     finally:
         setter(before)
+
+
+def test_scratch_hands_out_the_same_memory_until_it_must_grow():
+    s = memory.Scratch()
+    a = s.get(1000)
+    a[:] = 7
+    b = s.get(600)
+    assert b.shape == (600,) and b.ctypes.data == a.ctypes.data and (b == 7).all()  # reused, not zeroed
+    c = s.get(memory.HUGE_MIN_BYTES + 1)  # grows: new memory, a mapping of its own
+    assert c.shape == (memory.HUGE_MIN_BYTES + 1,) and c.ctypes.data % 4096 == 0
+    assert s.get(10).ctypes.data == c.ctypes.data
+    other = s.get(10, "requests")  # another name, other memory
+    assert other.ctypes.data != c.ctypes.data and s.get(10, "requests").ctypes.data == other.ctypes.data
+    s.release()
+    assert s.get(10).shape == (10,)

@@ -33,6 +33,7 @@ from strategies import chained_traces, make_trace, random_traces
 from kvtrace.curves import compute_curve
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
+from kvtrace.kernels.memory import Scratch
 from kvtrace.kernels.stackdist import COLD, stack_distances
 from kvtrace.model import resolve_model
 from kvtrace.response import ResponseModel, request_times
@@ -587,6 +588,31 @@ def test_sweep_in_processes_equals_serial():
     assert serial["policy"].to_list() == [c.policy for c in configs]
 
 
+def test_a_reused_block_table_changes_nothing():
+    # one Scratch through configurations of different row widths (3 nodes with local
+    # SSDs first, then one node), dirtied in between: every result as from fresh memory
+    # (a row field or request column left uninitialised would read the garbage)
+    rng = np.random.default_rng(5)
+    reqs = [list(rng.integers(0, 30, size=rng.integers(1, 6))) for _ in range(200)]
+    tr = make_trace(reqs, list(rng.integers(1, 5, size=30)))
+    trace = as_trace(tr.block, tr.size, tr.req_start, ts=np.sort(rng.uniform(0, 300, 200)),
+                     session=list(rng.integers(0, 9, 200)))
+    configs = [TierConfig(12, flash_bytes=40, local_ssd_bytes=10, nodes=3, routing="session", policy="all"),
+               TierConfig(12, flash_bytes=40, policy="tinylfu"),
+               TierConfig(20, flash_bytes=30, policy="reuse-oracle", promotion="copy", inclusive=True),
+               TierConfig(8, flash_bytes=50, policy="second-hit", write_mode="write-through", inclusive=True)]
+    scratch = Scratch()
+    for i, cfg in enumerate(configs):
+        if i:  # garbage in the reused rows and per-request outputs
+            for name in ("table", "requests"):
+                scratch.get(1 << 16, name)[:] = rng.integers(0, 256, 1 << 16, dtype=np.uint8)
+        fresh = simulate(trace, cfg, model=ONE_BYTE)
+        reused = simulate(trace, cfg, model=ONE_BYTE, scratch=scratch)
+        assert reused.summary == fresh.summary
+        assert reused.info["counts"] == fresh.info["counts"]
+        assert reused.requests.equals(fresh.requests) and reused.residency.equals(fresh.residency)
+
+
 def test_config_and_policy_errors():
     with pytest.raises(UsageError, match="exclusive"):
         TierConfig("1GiB", flash_bytes="1TiB", promotion="copy")
@@ -613,6 +639,7 @@ def test_kernel_runs_the_same_without_the_jit(tmp_path):
     script = r"""
 import json, numpy as np
 from kvtrace.kernels import tiers as K
+from kvtrace.kernels.memory import Scratch
 rng = np.random.default_rng(5)
 starts = np.concatenate([[0], np.cumsum(rng.integers(0, 5, 60))]).astype(np.int64)
 n = int(starts[-1]); block = rng.integers(0, 25, n).astype(np.int64); size = rng.integers(1, 4, 25).astype(np.int64)

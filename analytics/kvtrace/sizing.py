@@ -955,6 +955,7 @@ class _Sizer:
         self.keep = _Point(config.current_dram_bytes)
         self.search_rows: dict = {}
         self.sims: dict = {}
+        self.scratch = None  # the replays' block table, reused from one to the next
         self.costs: dict = {}
         self.keep_est = self.ev.evaluate(self.keep, self.responses[None])
         self.keep_sim = self.recompute_sim = None  # replays of today's DRAM and of no KV tier
@@ -1040,14 +1041,17 @@ class _Sizer:
         key = (p, pol)
         if key in self.sims:
             return self.sims[key]
+        from .kernels.memory import Scratch
         from .whatif import TierConfig, simulate
 
+        if self.scratch is None:
+            self.scratch = Scratch()
         c = self.config
         resp = self.responses[p.flash_tier]
         tc = TierConfig(p.dram, flash_bytes=p.flash, local_ssd_bytes=p.local, nodes=c.nodes, routing=c.routing,
                         policy=pol, window_s=c.window_s, name=_label(c, p))
         r = simulate(self.trace, tc, model=self.model, gpu=self.gpu, response=resp, eviction=c.eviction,
-                     warmup=c.warmup)
+                     warmup=c.warmup, scratch=self.scratch)
         s = r.summary
         req = r.requests
         fb = (req["local_bytes"] + req["flash_bytes"]).to_numpy()

@@ -138,8 +138,9 @@ from .curves import GROUPINGS, group_labels, parse_warmup, warmup_first_request
 from .distances import normalise_eviction
 from .errors import UsageError
 from .kernels import tiers as K
+from .kernels.memory import Scratch
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
-from .response import ResponseModel, percentiles, request_times
+from .response import ResponseModel, percentiles
 from .stream import StreamedTrace
 from .trace import Trace
 from .units import format_bytes, parse_duration, parse_size
@@ -540,7 +541,7 @@ def _values_array(values, n: int) -> np.ndarray | Path | None:
 
 def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int,
                 node, policy, values, oracle_ok=None, group=None, n_groups=1, decisions_out: Path | None = None,
-                progress=None, keep_decisions: bool = False) -> K.TierRun:
+                progress=None, keep_decisions: bool = False, scratch=None) -> K.TierRun:
     """One replay. A streamed trace is fed chunk by chunk (``values`` and
     ``oracle_ok`` then name spill files; ``decisions_out``, if given, receives the
     int8 decisions); an in-memory one in one call (arrays; the per-access decisions
@@ -553,7 +554,7 @@ def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, pr
         prefix_aware=prefix_aware, dram=d, local=loc, flash=fl, n_nodes=config.nodes, policy=policy.code,
         param=policy.param, flash_lru=config.flash_order == "lru", promotion=PROMOTIONS[config.promotion],
         write_through=config.write_mode == "write-through", first_measured=first_req, req_group=group,
-        n_groups=n_groups, has_values=values is not None, sketch_width=width,
+        n_groups=n_groups, has_values=values is not None, sketch_width=width, scratch=scratch,
     )
     if not isinstance(trace, StreamedTrace):
         decision = sim.feed(a.block, a.tokens, a.pos, a.req_start, values, oracle_ok)
@@ -592,6 +593,7 @@ def simulate(
     warmup: str | float | None = None,
     progress=None,
     requests_table: bool = True,
+    scratch: Scratch | None = None,
 ) -> WhatIfResult:
     """Replay ``trace`` through one tier configuration.
 
@@ -622,6 +624,10 @@ def simulate(
     requests_table : bool
         Build the per-request table (``requests``; None without it: a sweep needs
         only the summary, and the table is ~60 bytes per request).
+    scratch : kvtrace.kernels.memory.Scratch, optional
+        Memory for the simulator's block table, kept between calls that run one after
+        another (:func:`sweep` passes one to all its configurations); results do not
+        depend on it.
 
     Returns
     -------
@@ -658,17 +664,17 @@ def simulate(
             decisions, oracle = Path(name), Path(name + ".flags")
             try:
                 _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None,
-                            decisions_out=decisions, progress=progress)
+                            decisions_out=decisions, progress=progress, scratch=scratch)
                 _streamed_oracle_flags(trace, decisions, oracle)
             finally:
                 decisions.unlink(missing_ok=True)
         else:
             first = _run_kernel(trace, config, caps, prefix_aware, first_req, node, Policy("all"), None,
-                                keep_decisions=True)
+                                keep_decisions=True, scratch=scratch)
             oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
     try:
         run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,
-                          progress=progress)
+                          progress=progress, scratch=scratch)
     finally:
         if streamed and oracle is not None:
             oracle.unlink(missing_ok=True)
@@ -697,22 +703,88 @@ def _div(x, y):
     return float(x) / float(y) if y else None
 
 
+@njit(**NJIT)
+def _request_pass(req_out, req_first, req_start, ts, first, window_s, bpt, a, b, dram_fixed, dram_bps, flash_fixed,
+                  flash_bps, overhead, rate, table):
+    """One pass over the measured requests ``first..R-1`` of a run (``req_out`` is the
+    simulator's (R, 7) per-request view).
+
+    Returns
+    -------
+    by_first : int64[4]
+        Measured requests by the decision of their first block (``MISS`` if empty).
+    read_tokens : float64[3]
+        Occupied tokens of the usable prefixes by source tier (DRAM, local, flash).
+    peak : float64[3]
+        Peak read rate per ``window_s`` window, bytes/s (local and flash; 0 for DRAM):
+        each window's bytes summed in request order, as ``np.bincount`` does.
+    times : float64[n]
+        Reusable-prefix service time of each measured request:
+        :func:`kvtrace.response.request_times` (the same operations, in the same order).
+    cols : float64[5, n] (``table``; else [5, 0])
+        DRAM, local and flash bytes, flash recompute and miss recompute FLOPs.
+    """
+    R = req_out.shape[0]
+    n = R - first if R > first else 0
+    by_first = np.zeros(4, dtype=np.int64)
+    read_tokens = np.zeros(3, dtype=np.float64)
+    peak = np.zeros(3, dtype=np.float64)
+    times = np.empty(n, dtype=np.float64)
+    cols = np.empty((5, n if table else 0), dtype=np.float64)
+    n_win = 1
+    for i in range(n):
+        w = np.int64(np.floor((ts[first + i] - ts[first]) / window_s))
+        if w + 1 > n_win:
+            n_win = w + 1
+    per_win = np.zeros((2, n_win), dtype=np.float64)
+    for i in range(n):
+        r = first + i
+        by_first[req_first[r] if req_start[r + 1] > req_start[r] else K.MISS] += 1
+        sd, sl, sf = req_out[r, 0], req_out[r, 1], req_out[r, 2]
+        read_tokens[0] += sd
+        read_tokens[1] += sl
+        read_tokens[2] += sf
+        bytes_d, bytes_l, bytes_f = sd * bpt, sl * bpt, sf * bpt
+        w = np.int64(np.floor((ts[r] - ts[first]) / window_s))
+        per_win[0, w] += bytes_l
+        per_win[1, w] += bytes_f
+        flops_f = a * req_out[r, 3] + b * req_out[r, 4]
+        flops_m = a * req_out[r, 5] + b * req_out[r, 6]
+        d = dram_fixed + bytes_d / dram_bps if bytes_d > 0 else 0.0
+        bf = bytes_l + bytes_f
+        restore = flash_fixed + bf / flash_bps if bf > 0 else 0.0
+        f = min(restore, flops_f / rate)
+        times[i] = d + f + flops_m / rate + overhead
+        if table:
+            cols[0, i] = bytes_d
+            cols[1, i] = bytes_l
+            cols[2, i] = bytes_f
+            cols[3, i] = flops_f
+            cols[4, i] = flops_m
+    for k in range(2):
+        top = 0.0
+        for w in range(n_win):
+            if per_win[k, w] > top:
+                top = per_win[k, w]
+        peak[k + 1] = top / window_s
+    return by_first, read_tokens, peak, times, cols
+
+
 def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, response, vals, requests_table=True):
     c, s = run.counts, run.sums
     R = trace.n_requests
     rs = trace.accesses.req_start
-    meas = slice(first_req, R)
     n_req = R - first_req
     ts = trace.request_timestamp
     seconds = float(ts[-1] - ts[first_req]) if R else 0.0
     out: dict = {}
 
-    # request shares: tier of the first block (DRAM = the curve's request hit rate)
-    req_idx = np.arange(first_req, R)
-    nonempty = rs[req_idx + 1] > rs[req_idx]
-    first_dec = np.full(req_idx.shape[0], K.MISS, dtype=np.int64)
-    first_dec[nonempty] = run.req_first[req_idx[nonempty]]
-    by_first = np.bincount(first_dec, minlength=4)
+    # one pass over the measured requests: first-block tiers, reads, service times
+    has_table = bool(requests_table)
+    by_first, read_tokens, peak, times, cols = _request_pass(
+        run.req_out, run.req_first, rs, ts, first_req, float(config.window_s), float(bpt), float(a), float(b),
+        response.dram_fixed_s, response.dram_bytes_per_s, response.flash_fixed_s, response.flash_bytes_per_s,
+        response.overhead_s if config.has_flash else 0.0, response.recompute_flops_per_s, has_table)
     tiers = ("dram", "local", "flash")
     units = {
         "request": ([by_first[i] for i in range(3)], n_req),
@@ -748,16 +820,12 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
         out[f"{t}_eviction_bytes"] = c[f"evict_{t}_tokens"] * bpt
 
     # reads: usable-prefix bytes by source tier, mean and peak per window
-    src = run.req_out[meas]
-    win = np.floor((ts[meas] - (ts[first_req] if R else 0.0)) / config.window_s).astype(np.int64)
     for i, t in enumerate(tiers):
-        col = src[:, K.R_SRC + i] * bpt
-        total = float(col.sum())
+        total = float(read_tokens[i]) * bpt
         out[f"{t}_read_bytes"] = total
         out[f"{t}_read_bytes_per_s_mean"] = total / seconds if seconds > 0 else None
         if t != "dram":
-            peak = float(np.bincount(win, weights=col).max()) / config.window_s if col.size else 0.0
-            out[f"{t}_read_bytes_per_s_peak"] = peak
+            out[f"{t}_read_bytes_per_s_peak"] = float(peak[i])
     out["promotions"] = c["promote_local"] + c["promote_flash"]
     out["promotion_bytes"] = (c["promote_local_tokens"] + c["promote_flash_tokens"]) * bpt
     if vals is not None:
@@ -775,12 +843,6 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
     out["dollars_saved_per_hour"] = gpu.dollars(flops_all) / hours if hours > 0 else None
 
     # per-request service time of the reusable prefix (DESIGN §4)
-    bytes_d = src[:, K.R_SRC] * bpt
-    bytes_l = src[:, K.R_SRC + 1] * bpt
-    bytes_f = src[:, K.R_SRC + 2] * bpt
-    flops_f = a * src[:, K.R_FL_TOK] + b * src[:, K.R_FL_Q]
-    flops_m = a * src[:, K.R_MISS_TOK] + b * src[:, K.R_MISS_Q]
-    times = request_times(bytes_d, bytes_l + bytes_f, flops_f, flops_m, response, config.has_flash)
     pct = percentiles(times)
     for k, v in (("mean", "mean_s"), ("p50", "p50_s"), ("p90", "p90_s"), ("p99", "p99_s"), ("p999", "p99.9_s")):
         out[f"service_time_{k}_s"] = pct[v]
@@ -790,16 +852,16 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
 
     if not requests_table:
         return out, None
-    branch = pl.Series("branch", ["dram", "local", "flash", "miss"]).gather(run.req_level[meas].astype(np.uint32))
+    branch = pl.Series("branch", ["dram", "local", "flash", "miss"]).gather(run.req_level[first_req:].astype(np.uint32))
     requests = pl.DataFrame({
-        "request": req_idx.astype(np.int64),
-        "node": np.asarray(node)[meas].astype(np.int32),
+        "request": np.arange(first_req, R, dtype=np.int64),
+        "node": np.asarray(node)[first_req:].astype(np.int32),
         "branch": branch,
-        "dram_bytes": bytes_d,
-        "local_bytes": bytes_l,
-        "flash_bytes": bytes_f,
-        "flash_recompute_flops": flops_f,
-        "miss_recompute_flops": flops_m,
+        "dram_bytes": cols[0],
+        "local_bytes": cols[1],
+        "flash_bytes": cols[2],
+        "flash_recompute_flops": cols[3],
+        "miss_recompute_flops": cols[4],
         "service_time_s": times,
     })
     return out, requests
@@ -855,10 +917,12 @@ _WORKER: dict = {}
 def _init_worker(trace, kwargs) -> None:
     _WORKER["trace"] = trace
     _WORKER["kwargs"] = kwargs
+    _WORKER["scratch"] = Scratch()  # one block table for the worker's configurations
 
 
 def _summary_in_worker(config: TierConfig) -> dict:
-    return simulate(_WORKER["trace"], config, **_WORKER["kwargs"], requests_table=False).summary
+    return simulate(_WORKER["trace"], config, **_WORKER["kwargs"], requests_table=False,
+                    scratch=_WORKER["scratch"]).summary
 
 
 def sweep(
@@ -904,8 +968,9 @@ def sweep(
             progress(len(rows), len(configs))
 
     if workers <= 1 or len(configs) <= 1:
+        scratch = Scratch()  # one block table for every configuration, in turn
         for c in configs:
-            done(simulate(trace, c, **kwargs, requests_table=False).summary)
+            done(simulate(trace, c, **kwargs, requests_table=False, scratch=scratch).summary)
         return summary_table(rows)
     ctx = multiprocessing.get_context("spawn")  # fork is unsafe with Polars' and Numba's threads
     with ProcessPoolExecutor(max_workers=min(workers, len(configs)), mp_context=ctx,

@@ -46,3 +46,32 @@ def table_full(shape, value, dtype) -> np.ndarray:
     if value != 0:
         out.fill(value)
     return out
+
+
+class Scratch:
+    """Memory for a run's tables, kept from one run to the next: runs that follow one
+    another (a sweep's configurations) reuse it instead of faulting in fresh pages,
+    which on a virtual machine costs about as much as writing the memory ten times
+    (340 MB of tier-simulator rows: 0.3 s to fault in, 0.03 s to rewrite).
+
+    :meth:`get` hands out the same memory for the same ``name`` each time (grown when a
+    run needs more), *not zeroed*: the caller initialises all of it, and the previous
+    run must be done with it.
+    """
+
+    def __init__(self) -> None:
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, nbytes: int, name: str = "table") -> np.ndarray:
+        """uint8[nbytes], contents unspecified (huge pages as :func:`table_zeros`)."""
+        nbytes = int(nbytes)
+        buf = self._bufs.get(name)
+        if buf is None or buf.shape[0] < nbytes:
+            self._bufs.pop(name, None)  # the old mapping goes before the new one comes
+            del buf
+            buf = self._bufs[name] = table_zeros(nbytes, np.uint8)
+        return buf[:nbytes]
+
+    def release(self) -> None:
+        """Give the memory back (it is also freed with this object)."""
+        self._bufs.clear()

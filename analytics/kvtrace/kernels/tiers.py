@@ -829,7 +829,7 @@ def _aligned_zeros(n: int) -> np.ndarray:
     return buf[off:off + n]
 
 
-def _state(size, n_lists: int) -> np.ndarray:
+def _state(size, n_lists: int, scratch=None) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
     ``_STAT``: request of its last access, access count, first request, head of its
     touch group), its constants and admission inputs (slot ``_INFO``: tokens it
@@ -837,12 +837,15 @@ def _state(size, n_lists: int) -> np.ndarray:
     and its entry in each list (slot ``_LIST0 + L``: prev, next, insert time,
     last-touch time; prev = ``ABSENT`` when not in the list). Row M is every list's sentinel. One row per block keeps what an
     access or an eviction reads of a block in one cache line (rows of 4 slots are 64
-    bytes, aligned), so S is the slot count rounded up to a multiple of 4."""
+    bytes, aligned), so S is the slot count rounded up to a multiple of 4. With
+    ``scratch`` (:class:`kvtrace.kernels.memory.Scratch`) the table reuses its memory."""
     n_blocks = size.shape[0]
     slots = _LIST0 + n_lists
     slots += -slots % 4
     row = slots * 16
-    buf = table_zeros((n_blocks + 1) * row + 64, np.uint8)  # huge pages (kvtrace.kernels.memory)
+    n = (n_blocks + 1) * row + 64
+    # huge pages (kvtrace.kernels.memory); every byte is written below
+    buf = table_zeros(n, np.uint8) if scratch is None else scratch.get(n)
     off = -buf.ctypes.data % 64
     st = buf[off:off + (n_blocks + 1) * row].view(np.int32).reshape(n_blocks + 1, slots, 4)
     _init_rows(st, size)
@@ -891,11 +894,16 @@ class TierSimulator:
         As for :func:`simulate_tiers`.
     has_values : bool
         Chunks come with per-access values (the ``VALUE`` policy and the value sums).
+    scratch : kvtrace.kernels.memory.Scratch, optional
+        Memory for the block rows and the per-request outputs, reused from an earlier
+        simulator that is done with them (a sweep's configurations: no fresh pages to
+        fault in; :meth:`finish`'s ``req_out`` is then valid until the scratch's next use).
     """
 
     def __init__(self, size, req_ts, req_node, *, block_tokens, prefix_aware, dram, local, flash, n_nodes,
                  policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE, write_through=False,
-                 first_measured=0, req_group=None, n_groups=1, has_values=False, sketch_width=16) -> None:
+                 first_measured=0, req_group=None, n_groups=1, has_values=False, sketch_width=16,
+                 scratch=None) -> None:
         size = np.ascontiguousarray(size, dtype=np.int64)
         M = size.shape[0]
         N = int(n_nodes)
@@ -919,7 +927,7 @@ class TierSimulator:
             raise ValueError("block sizes must be 0..2**31 - 1 tokens")
         self.req_ts = req_ts
         self.req_tq, self.shift = quantise_times(req_ts)  # its temporaries go before the block table comes
-        self.st = _state(size, n_lists)
+        self.st = _state(size, n_lists, scratch)
         ip = np.zeros(N_IP, dtype=np.int64)
         ip[I_POLICY] = int(policy)
         ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
@@ -951,7 +959,10 @@ class TierSimulator:
         self.req_first = np.full(n_req, MISS, dtype=np.int8)
         self.req_level = np.full(n_req, MISS, dtype=np.int8)
         # per-request outputs by column (each column contiguous); TierRun gets the (R, 7) view
-        self.req_cols = np.zeros((N_REQ_COLS, n_req), dtype=np.float64)
+        if scratch is None:
+            self.req_cols = np.zeros((N_REQ_COLS, n_req), dtype=np.float64)
+        else:  # every column of a request is written when it is fed
+            self.req_cols = scratch.get(8 * N_REQ_COLS * n_req, "requests").view(np.float64).reshape(N_REQ_COLS, n_req)
         self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
         self.sums = np.zeros(N_SUMS, dtype=np.float64)
         self.hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
