@@ -658,6 +658,7 @@ def simulate(
     oracle = None
     streamed = isinstance(trace, StreamedTrace)
     if policy.kind == "reuse-oracle":
+        scratch = scratch if scratch is not None else Scratch()  # the two runs share it
         if streamed:  # admit-all decisions and the flags go through spill files
             fd, name = tempfile.mkstemp(prefix="oracle-", dir=trace.spill)
             os.close(fd)
