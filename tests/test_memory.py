@@ -3,6 +3,11 @@ as the numpy arrays it replaces, small (plain numpy) or large (an advised mappin
 
 from __future__ import annotations
 
+import os
+import platform
+import re
+import sys
+
 import numpy as np
 import pytest
 
@@ -55,3 +60,25 @@ def test_scratch_hands_out_the_same_memory_until_it_must_grow():
     assert other.ctypes.data != c.ctypes.data and s.get(10, "requests").ctypes.data == other.ctypes.data
     s.release()
     assert s.get(10).shape == (10,)
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _linux_at_least(major: int, minor: int) -> bool:
+    m = re.match(r"(\d+)\.(\d+)", platform.release())
+    return sys.platform.startswith("linux") and m is not None and (int(m[1]), int(m[2])) >= (major, minor)
+
+
+@pytest.mark.skipif(not _linux_at_least(5, 14), reason="MADV_POPULATE_WRITE is Linux 5.14+")
+def test_a_populated_table_is_resident_before_it_is_written():
+    n = 4 * memory.HUGE_MIN_BYTES
+    before = _resident_bytes()
+    lazy = memory.table_zeros(n, np.uint8)
+    assert _resident_bytes() - before < n // 2  # faults in as it is written
+    before = _resident_bytes()
+    full = memory.table_zeros(n, np.uint8, populate=True)
+    assert _resident_bytes() - before >= n  # every page in at once
+    assert not full.any() and not lazy.any()

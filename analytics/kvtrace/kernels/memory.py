@@ -15,17 +15,26 @@ to find them, faulting in gigabytes of them cost a 30M-access ``kvtrace curve`` 
 from __future__ import annotations
 
 import mmap
+import sys
 
 import numpy as np
 
 #: Tables smaller than this stay ordinary numpy arrays (a few huge pages gain nothing).
 HUGE_MIN_BYTES = 8 << 20
+#: Linux's MADV_POPULATE_WRITE (Python's mmap module names it from 3.13 only).
+_MADV_POPULATE_WRITE = 23
 
 
-def table_zeros(shape, dtype) -> np.ndarray:
+def table_zeros(shape, dtype, populate: bool = False) -> np.ndarray:
     """A zeroed array for a random-access table, its memory advised to be backed by
     huge pages (anonymous memory: zero-filled, page-aligned; a plain numpy array when
-    small, or where the system has no such advice)."""
+    small, or where the system has no such advice).
+
+    ``populate``: the caller will write all of it, so fault every page in now, in one
+    call (``MADV_POPULATE_WRITE``, Linux 5.14+; elsewhere the pages fault in as they are
+    first written, as without it). On the VM behind the README's figures that halves the
+    cost of first touching a large table (340 MB: 0.38 s -> 0.16-0.25 s); a table
+    written only in part must not ask for it (every page would count as resident)."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
     n = int(np.prod(shape, dtype=np.int64))
@@ -37,12 +46,17 @@ def table_zeros(shape, dtype) -> np.ndarray:
         mm.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # not supported here: ordinary pages
         pass
+    if populate and sys.platform.startswith("linux"):
+        try:
+            mm.madvise(getattr(mmap, "MADV_POPULATE_WRITE", _MADV_POPULATE_WRITE))
+        except OSError:  # an older kernel: pages fault in on first write
+            pass
     return np.frombuffer(mm, dtype=dtype, count=n).reshape(shape)  # the array keeps the mapping alive
 
 
 def table_full(shape, value, dtype) -> np.ndarray:
-    """:func:`table_zeros` filled with ``value``."""
-    out = table_zeros(shape, dtype)
+    """:func:`table_zeros` filled with ``value`` (populated at once when it is not 0)."""
+    out = table_zeros(shape, dtype, populate=value != 0)
     if value != 0:
         out.fill(value)
     return out
@@ -69,7 +83,7 @@ class Scratch:
         if buf is None or buf.shape[0] < nbytes:
             self._bufs.pop(name, None)  # the old mapping goes before the new one comes
             del buf
-            buf = self._bufs[name] = table_zeros(nbytes, np.uint8)
+            buf = self._bufs[name] = table_zeros(nbytes, np.uint8, populate=True)
         return buf[:nbytes]
 
     def release(self) -> None:

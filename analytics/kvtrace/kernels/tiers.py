@@ -845,7 +845,7 @@ def _state(size, n_lists: int, scratch=None) -> np.ndarray:
     row = slots * 16
     n = (n_blocks + 1) * row + 64
     # huge pages (kvtrace.kernels.memory); every byte is written below
-    buf = table_zeros(n, np.uint8) if scratch is None else scratch.get(n)
+    buf = table_zeros(n, np.uint8, populate=True) if scratch is None else scratch.get(n)
     off = -buf.ctypes.data % 64
     st = buf[off:off + (n_blocks + 1) * row].view(np.int32).reshape(n_blocks + 1, slots, 4)
     _init_rows(st, size)
