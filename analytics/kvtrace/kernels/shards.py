@@ -268,7 +268,8 @@ def _touch_sampled(t, r, c, sz, clock, last_time, last_at, last_req,
 @njit(**NJIT)
 def shards_chunk(block, base, tail, tail_lo, head, head_lo, size, req_start, r, tracked, tracked_block, prefix_aware, words, cum, tsize, theavy,
                  heavy_size, heavy_left, heavy_last, heavy_at, heavy_req, last_time, last_at, last_req, stride, rate,
-                 window, table, used, clock_box, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+                 window, table, used, clock_box, tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars,
+                 code, out_t, out_dist, out_weight, out_c, out_r):
     """Estimated distances of the evaluated accesses of one chunk of whole requests, in
     trace order; every state array is updated in place for the next chunk.
 
@@ -305,27 +306,25 @@ def shards_chunk(block, base, tail, tail_lo, head, head_lo, size, req_start, r, 
     table, used : scratch of :func:`_distinct_tokens`
     clock_box : int64[1]
         Touch counter.
+    code : int64[>= K]
+        Scratch: the tracked index of each tracked access.
+    out_t, out_dist, out_weight, out_c, out_r : [>= K]
+        Receive, in their first n entries, per evaluated access (trace order): its
+        index, distance estimate in tokens (inf when cold), Horvitz-Thompson weight
+        (1/R for a sampled block, ``stride`` for a heavy one), the tracked index of its
+        block and its request. (Buffers kept from chunk to chunk: fresh memory for
+        them cost each chunk a page fault per 4 KiB it touched.)
 
     Returns
     -------
-    out_t : int64[n]  evaluated access indices (ascending)
-    out_dist : float64[n]  distance estimates in tokens (inf when cold)
-    out_weight : float64[n]  Horvitz-Thompson weights: 1/R (sampled block) or stride (heavy)
-    out_c : int64[n]  tracked index of the access's block
-    out_r : int64[n]  its request
+    n : int
+        Evaluated accesses.
     """
     inv_rate = 1.0 / rate
     heavy_w = np.float64(stride)
     K = tracked.shape[0]
-    code = np.empty(K, dtype=np.int64)  # tracked index of each tracked access
     for e in range(K):
         code[e] = _rank(words, cum, tracked_block[e])
-    # at most K evaluated accesses: pages past the last one written are never touched
-    out_t = np.empty(K, dtype=np.int64)
-    out_dist = np.empty(K, dtype=np.float64)
-    out_weight = np.empty(K, dtype=np.float64)
-    out_c = np.empty(K, dtype=np.int64)
-    out_r = np.empty(K, dtype=np.int64)
     clock = clock_box[0]
     k = 0
     i = 0
@@ -396,7 +395,7 @@ def shards_chunk(block, base, tail, tail_lo, head, head_lo, size, req_start, r, 
         i = j
     clock_box[0] = clock
     scalars[_CACHE_SLOT] = -1
-    return out_t[:k], out_dist[:k], out_weight[:k], out_c[:k], out_r[:k]
+    return k
 
 
 @njit(**NJIT)
@@ -491,28 +490,40 @@ class Sampler:
         self.tail = self.head = None
         self.tail_lo = self.head_lo = 0
         self.head_req = -1
+        self._buffers: dict = {}  # per-chunk scratch, kept for the next chunk
+
+    def _buffer(self, name: str, n: int, dtype) -> np.ndarray:
+        """A scratch array of at least ``n`` entries, the same memory chunk after chunk."""
+        buf = self._buffers.get(name)
+        if buf is None or buf.shape[0] < n or buf.dtype != dtype:
+            buf = self._buffers[name] = np.empty(max(n, 1), dtype=dtype)
+        return buf
 
     def feed(self, block: np.ndarray, lo: int, r: int) -> Sample:
         """The evaluated accesses among ``block`` (accesses ``lo..``, whole requests from
         request ``r`` on; chunks in trace order)."""
         m = block.shape[0]
-        out_t = np.empty(m + 1, dtype=np.int64)
-        out_b = np.empty(m + 1, dtype=block.dtype)
-        k = tracked_accesses(block, self.bitmap, lo, out_t, out_b)
-        tracked, tracked_block = out_t[:k], out_b[:k]
+        scan_t = self._buffer("scan_t", m + 1, np.int64)
+        scan_b = self._buffer("scan_b", m + 1, block.dtype)
+        k = tracked_accesses(block, self.bitmap, lo, scan_t, scan_b)
+        tracked, tracked_block = scan_t[:k], scan_b[:k]
+        outs = [self._buffer(name, k, dt) for name, dt in (("code", np.int64), ("t", np.int64), ("dist", np.float64),
+                                                           ("weight", np.float64), ("c", np.int64),
+                                                           ("r", np.int64))]
         if self.tail is None:
             self.tail = np.empty(0, dtype=block.dtype)
             self.head = np.empty(0, dtype=block.dtype)
         tail = self.tail.astype(block.dtype, copy=False)
         head = self.head.astype(block.dtype, copy=False)
         st = self.state
-        t, dist, weight, c, req = shards_chunk(
+        n = shards_chunk(
             block, lo, tail, self.tail_lo, head, self.head_lo, self.size, self.req_start, r, tracked, tracked_block,
             self.prefix_aware, self.words, self.cum, self.tsize, self.theavy, self.heavy_size, self.heavy_left,
             self.heavy_last, self.heavy_at, self.heavy_req, self.last_time, self.last_at, self.last_req, self.stride,
             self.rate, self.window, self.table, self.used, self.clock, st.tree, st.offsets, st.slot_block,
-            st.slot_size, self.slot_time, st.last_slot, st.scalars)
-        del out_t, out_b, tracked, tracked_block
+            st.slot_size, self.slot_time, st.last_slot, st.scalars, *outs)
+        t, dist, weight, c, req = (x[:n].copy() for x in outs[1:])  # the buffers serve the next chunk
+        del tracked, tracked_block
 
         def take(i, j):  # block ids of accesses i..j-1, all at or after tail_lo
             if i >= lo:
