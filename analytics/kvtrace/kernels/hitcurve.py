@@ -85,14 +85,17 @@ def _bucket_starts(grid):
 
 @njit(**NJIT_INLINE)
 def _bin_fast(G, padded, starts, steps, key):
-    """:func:`_bin` via the bucket tables (:func:`_bucket_starts`): the bucket's first
-    bin, then ``steps`` compare-and-add steps over the grid points inside the bucket
-    (no data-dependent branch: whether a key is cold or how many grid points it passes
-    is not predictable). A cold key's bucket starts at G (no capacity reaches COLD), so
-    adding ``key == COLD`` gives its bin G + 1."""
-    if key <= 0:
-        return _bin(padded[:G], key)
-    i = starts[_bucket(key)]
+    """:func:`_bin` via the bucket tables (:func:`_bucket_starts`) of a grid of
+    capacities >= 0: the bucket's first bin, then ``steps`` compare-and-add steps over
+    the grid points inside the bucket (no data-dependent branch: whether a key is cold
+    or how many grid points it passes is not predictable). A key <= 0 takes bucket 0,
+    whose first bin is the first capacity >= 0, i.e. bin 0. A cold key's bucket starts
+    at G (no capacity reaches COLD), so adding ``key == COLD`` gives its bin G + 1.
+
+    One exit and no call: a branch to the plain binary search for keys <= 0 (a call
+    on a slice of ``padded``) made every lookup three times slower once inlined into a
+    loop, taken or not (13 -> 4.5 ns a key, measured side by side)."""
+    i = starts[_bucket(key if key > 0 else np.int64(0))]
     for _ in range(steps):
         i += np.int64(padded[i] < key)
     return i + np.int64(key == COLD)
