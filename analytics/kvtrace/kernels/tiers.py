@@ -81,8 +81,8 @@ being touched):
   block). Count-min sketch of 4 rows of width W (a power of two), blocked like
   Caffeine's: from the 32-bit halves h1, h2 of one mix64 hash, a block's counters sit
   in group ``(h1 mod W) // g`` (g = min(16, W)) at offset ``(h2 >> 4i) mod g`` of row
-  i, and a group's 4 x g counters share one 64-byte cache line; 4-bit
-  counters (saturating at 15) incremented on every access; all counters halved every
+  i, and a group's 4 x g counters share half a 64-byte cache line; 4-bit
+  counters, two to a byte as in Caffeine (saturating at 15), incremented on every access; all counters halved every
   ``10 x W`` accesses; no doorkeeper and no admission window (W-TinyLFU's window LRU
   is not modelled);
 - ``GROUP``: the request group of the last access has an online re-reference
@@ -234,11 +234,13 @@ def _unit_hash(b):
 
 @njit(**NJIT_INLINE)
 def _sketch_slots(b, sketch):
-    """Block b's group of the sketch (uint8 ``[W / g, 4, g]``, g = min(16, W)) and its
-    hash: row i counts b at offset ``(h2 >> 4i) mod g`` of group ``(h1 mod W) / g``
-    (h1, h2: the 32-bit halves of one mix64 hash). A group is one 64-byte cache line."""
+    """Block b's group of the sketch and its hash: row i counts b at offset
+    ``(h2 >> 4i) mod g`` of group ``(h1 mod W) / g`` (h1, h2: the 32-bit halves of one
+    mix64 hash). The sketch is uint8 ``[W / g, 4, g / 2]`` (g = min(16, W) >= 2): counter
+    j of a row is the low (j even) or high nibble of byte j / 2, so a group is 32 bytes,
+    half a cache line (:func:`_counter`)."""
     h = _mix64(np.uint64(b) ^ np.uint64(SKETCH_SEED))
-    g = sketch.shape[2]
+    g = 2 * sketch.shape[2]
     grp = np.int64((h & np.uint64(0xFFFFFFFF)) % np.uint64(sketch.shape[0] * g)) // g
     return grp, h >> np.uint64(32)
 
@@ -254,13 +256,20 @@ def _init_sketch_keys(st, sketch):
 
 
 @njit(**NJIT_INLINE)
+def _counter(byte, j):
+    """Counter j (its nibble) of a sketch byte."""
+    return (np.int64(byte) >> ((j & 1) << 2)) & 15
+
+
+@njit(**NJIT_INLINE)
 def _sketch_estimate(sketch, st, b):
     grp = st[b, _INFO, _SK_GRP]
     off = st[b, _INFO, _SK_OFF]
-    mask = sketch.shape[2] - 1
+    mask = 2 * sketch.shape[2] - 1
     est = SKETCH_MAX
     for i in range(4):
-        c = sketch[grp, i, (off >> (4 * i)) & mask]
+        j = (off >> (4 * i)) & mask
+        c = _counter(sketch[grp, i, j >> 1], j)
         if c < est:
             est = c
     return est
@@ -274,18 +283,19 @@ def _sketch_add(sketch, sk_ops, st, b):
     counted (its counters can only change then) or the counters halve."""
     grp = st[b, _INFO, _SK_GRP]
     off = st[b, _INFO, _SK_OFF]
-    mask = sketch.shape[2] - 1
+    mask = 2 * sketch.shape[2] - 1
     for i in range(4):
         j = (off >> (4 * i)) & mask
-        c = sketch[grp, i, j]
-        sketch[grp, i, j] = c + np.uint8(c < SKETCH_MAX)
+        byte = np.int64(sketch[grp, i, j >> 1])
+        c = _counter(byte, j)
+        sketch[grp, i, j >> 1] = np.uint8(byte + (np.int64(c < SKETCH_MAX) << ((j & 1) << 2)))
     if grp == sk_ops[_SK_VGRP]:
         sk_ops[_SK_VICTIM] = -1
     sk_ops[_SK_OPS] += 1
-    if sk_ops[_SK_OPS] >= SKETCH_RESET_FACTOR * sketch.shape[0] * sketch.shape[2]:
+    if sk_ops[_SK_OPS] >= SKETCH_RESET_FACTOR * sketch.shape[0] * 2 * sketch.shape[2]:
         flat = sketch.reshape(-1)
         for j in range(flat.shape[0]):
-            flat[j] >>= 1
+            flat[j] = (flat[j] >> 1) & 0x77  # both nibbles halved
         sk_ops[_SK_OPS] = 0
         sk_ops[_SK_VICTIM] = -1
 
@@ -944,11 +954,11 @@ class TierSimulator:
         self.fp = np.zeros(N_FP, dtype=np.float64)
         self.fp[F_PARAM] = float(param)
         use_sketch = int(policy) == P_TINYLFU
-        width = int(sketch_width) if use_sketch else 1
-        if width < 1 or width & (width - 1):
-            raise ValueError("the sketch width must be a power of two")
+        width = int(sketch_width) if use_sketch else 2
+        if width < 2 or width & (width - 1):
+            raise ValueError("the sketch width must be a power of two >= 2")
         g = min(16, width)
-        self.sketch = _aligned_zeros(4 * width).reshape(width // g, 4, g)
+        self.sketch = _aligned_zeros(2 * width).reshape(width // g, 4, g // 2)  # 4-bit counters
         if use_sketch:
             _init_sketch_keys(self.st, self.sketch)
         self.sk_ops = np.array([0, -1, 0, -1], dtype=np.int64)
@@ -1074,7 +1084,7 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     oracle_ok : int8[N], optional
         :func:`reuse_oracle_flags` of the admit-all run (``P_ORACLE``).
     sketch_width : int
-        TinyLFU sketch width (a power of two).
+        TinyLFU sketch width (a power of two >= 2).
     """
     req_start = np.ascontiguousarray(req_start, dtype=np.int64)
     sim = TierSimulator(size, req_ts, req_node, block_tokens=block_tokens, prefix_aware=prefix_aware, dram=dram,
