@@ -229,19 +229,27 @@ def test_feeding_in_chunks_equals_one_call(case, policy, data):
     R = len(req_start) - 1
     cuts = sorted(set(data.draw(st.lists(st.integers(0, R), max_size=4))) | {0, R})
     values, oracle = kw.pop("values"), kw.pop("oracle_ok", None)
-    sim = K.TierSimulator(size, ts, node, **kw, policy=POLICY_CODES[policy], promotion=PROMOTION_CODES[promotion],
-                          has_values=values is not None)
-    parts = []
+    sims = [K.TierSimulator(size, ts, node, **kw, policy=POLICY_CODES[policy], promotion=PROMOTION_CODES[promotion],
+                            has_values=values is not None, chunk_columns=chunked) for chunked in (False, True)]
+    parts, chunk_rows = [], []
     for r, r_end in zip(cuts[:-1], cuts[1:]):
         lo, hi = int(req_start[r]), int(req_start[r_end])
-        parts.append(sim.feed(block[lo:hi], tokens[lo:hi], pos[lo:hi], req_start[r:r_end + 1] - lo,
-                              None if values is None else values[lo:hi], None if oracle is None else oracle[lo:hi]))
+        d = [sim.feed(block[lo:hi], tokens[lo:hi], pos[lo:hi], req_start[r:r_end + 1] - lo,
+                      None if values is None else values[lo:hi], None if oracle is None else oracle[lo:hi])
+             for sim in sims]
+        npt.assert_array_equal(d[1], d[0])
+        parts.append(d[0])
+        chunk_rows.append(sims[1].chunk_out.copy())  # valid until the next feed
     decision = np.concatenate(parts) if parts else np.zeros(0, np.int8)
-    got = sim.finish((decision & 3).astype(np.int8), (decision & K.COLD_FLAG) != 0)
+    got = sims[0].finish((decision & 3).astype(np.int8), (decision & K.COLD_FLAG) != 0)
     for name in ("decision", "cold", "req_first", "req_level", "req_out", "hist"):
         npt.assert_array_equal(getattr(got, name), getattr(whole, name), err_msg=name)
     assert got.counts == whole.counts
     assert got.sums == whole.sums  # bit for bit
+    # keeping only each chunk's per-request rows: the same rows, the same sums
+    by_chunk = sims[1].finish()
+    assert by_chunk.req_out is None and by_chunk.counts == whole.counts and by_chunk.sums == whole.sums
+    npt.assert_array_equal(np.concatenate(chunk_rows) if chunk_rows else np.zeros((0, 7)), whole.req_out)
     nonempty = req_start[1:] > req_start[:-1]
     npt.assert_array_equal(whole.req_first[nonempty], whole.decision[req_start[:-1][nonempty]])
     assert (whole.req_first[~nonempty] == K.MISS).all()

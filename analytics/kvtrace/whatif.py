@@ -541,11 +541,14 @@ def _values_array(values, n: int) -> np.ndarray | Path | None:
 
 def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, prefix_aware: bool, first_req: int,
                 node, policy, values, oracle_ok=None, group=None, n_groups=1, decisions_out: Path | None = None,
-                progress=None, keep_decisions: bool = False, scratch=None) -> K.TierRun:
+                progress=None, keep_decisions: bool = False, scratch=None,
+                fold: _RequestFold | None = None) -> K.TierRun:
     """One replay. A streamed trace is fed chunk by chunk (``values`` and
     ``oracle_ok`` then name spill files; ``decisions_out``, if given, receives the
     int8 decisions); an in-memory one in one call (arrays; the per-access decisions
-    and cold flags are returned with ``keep_decisions``)."""
+    and cold flags are returned with ``keep_decisions``). ``fold``, if given, receives
+    the per-request outputs as each chunk finishes (a streamed replay keeps no more of
+    them)."""
     a = trace.accesses
     d, loc, fl = tokens_cap
     width = K.sketch_width(fl + config.nodes * loc, trace.meta.block_tokens, trace.n_blocks)
@@ -555,9 +558,12 @@ def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, pr
         param=policy.param, flash_lru=config.flash_order == "lru", promotion=PROMOTIONS[config.promotion],
         write_through=config.write_mode == "write-through", first_measured=first_req, req_group=group,
         n_groups=n_groups, has_values=values is not None, sketch_width=width, scratch=scratch,
+        chunk_columns=isinstance(trace, StreamedTrace),
     )
     if not isinstance(trace, StreamedTrace):
         decision = sim.feed(a.block, a.tokens, a.pos, a.req_start, values, oracle_ok)
+        if fold is not None:
+            fold.add(sim.req_cols.T, 0, sim.req_first)
         if not keep_decisions:
             return sim.finish()
         cold = (decision & K.COLD_FLAG) != 0
@@ -571,6 +577,8 @@ def _run_kernel(trace: Trace | StreamedTrace, config: TierConfig, tokens_cap, pr
             v = cols.pop(0) if values is not None else None
             o = cols.pop(0) if oracle_ok is not None else None
             decision = sim.feed(ch.block, ch.tokens, ch.pos, ch.lrs, v, o)
+            if fold is not None:
+                fold.add(sim.chunk_out, ch.r, sim.req_first)
             if out is not None:
                 decision.tofile(out)
             if progress is not None:
@@ -674,13 +682,14 @@ def simulate(
                                 keep_decisions=True, scratch=scratch)
             oracle = K.reuse_oracle_flags(trace.accesses.block, trace.n_blocks, first.decision)
     try:
+        fold = _RequestFold(trace, first_req, config, bpt, a_coef, b_coef, response, requests_table)
         run = _run_kernel(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,
-                          progress=progress, scratch=scratch)
+                          progress=progress, scratch=scratch, fold=fold)
     finally:
         if streamed and oracle is not None:
             oracle.unlink(missing_ok=True)
 
-    summary, requests = _metrics(trace, config, run, node, first_req, bpt, a_coef, b_coef, gpu, response, vals,
+    summary, requests = _metrics(trace, config, run, fold, node, first_req, bpt, a_coef, b_coef, gpu, vals,
                                  requests_table)
     summary = {
         "config": config.label, "dram_bytes": config.dram_bytes, "local_ssd_bytes": config.local_ssd_bytes,
@@ -705,43 +714,36 @@ def _div(x, y):
 
 
 @njit(**NJIT)
-def _request_pass(req_out, req_first, req_start, ts, first, window_s, bpt, a, b, dram_fixed, dram_bps, flash_fixed,
-                  flash_bps, overhead, rate, table):
-    """One pass over the measured requests ``first..R-1`` of a run (``req_out`` is the
-    simulator's (R, 7) per-request view).
-
-    Returns
-    -------
-    by_first : int64[4]
-        Measured requests by the decision of their first block (``MISS`` if empty).
-    read_tokens : float64[3]
-        Occupied tokens of the usable prefixes by source tier (DRAM, local, flash).
-    peak : float64[3]
-        Peak read rate per ``window_s`` window, bytes/s (local and flash; 0 for DRAM):
-        each window's bytes summed in request order, as ``np.bincount`` does.
-    times : float64[n]
-        Reusable-prefix service time of each measured request:
-        :func:`kvtrace.response.request_times` (the same operations, in the same order).
-    cols : float64[5, n] (``table``; else [5, 0])
-        DRAM, local and flash bytes, flash recompute and miss recompute FLOPs.
-    """
-    R = req_out.shape[0]
-    n = R - first if R > first else 0
-    by_first = np.zeros(4, dtype=np.int64)
-    read_tokens = np.zeros(3, dtype=np.float64)
-    peak = np.zeros(3, dtype=np.float64)
-    times = np.empty(n, dtype=np.float64)
-    cols = np.empty((5, n if table else 0), dtype=np.float64)
+def _windows(ts, first, window_s):
+    """Read-rate windows the measured requests ``first..`` span (at least 1)."""
     n_win = 1
-    for i in range(n):
-        w = np.int64(np.floor((ts[first + i] - ts[first]) / window_s))
+    for r in range(first, ts.shape[0]):
+        w = np.int64(np.floor((ts[r] - ts[first]) / window_s))
         if w + 1 > n_win:
             n_win = w + 1
-    per_win = np.zeros((2, n_win), dtype=np.float64)
-    for i in range(n):
-        r = first + i
+    return n_win
+
+
+@njit(**NJIT)
+def _fold_requests(req_out, base, lo, hi, req_first, req_start, ts, first, window_s, bpt, a, b, dram_fixed, dram_bps,
+                   flash_fixed, flash_bps, overhead, rate, by_first, read_tokens, per_win, times, cols):
+    """Add requests ``lo..hi-1`` (all measured: >= ``first``) of a run to the per-request
+    metrics; ``req_out[r - base]`` is request r's row of the simulator's (., 7) output.
+
+    Accumulates ``by_first`` (int64[4]: requests by the decision of their first block,
+    ``MISS`` if empty), ``read_tokens`` (float64[3]: occupied tokens of the usable
+    prefixes by source tier) and ``per_win`` (float64[2, windows]: local and flash bytes
+    per ``window_s`` window, summed in request order as ``np.bincount`` does); writes
+    ``times[r - first]``, the reusable-prefix service time
+    (:func:`kvtrace.response.request_times`: the same operations, in the same order),
+    and, when ``cols`` has room, ``cols[:, r - first]``: DRAM, local and flash bytes,
+    flash recompute and miss recompute FLOPs. Folding a run chunk by chunk gives the
+    sums of one pass over it, bit for bit."""
+    table = cols.shape[1] > 0
+    for r in range(lo, hi):
         by_first[req_first[r] if req_start[r + 1] > req_start[r] else K.MISS] += 1
-        sd, sl, sf = req_out[r, 0], req_out[r, 1], req_out[r, 2]
+        q = r - base
+        sd, sl, sf = req_out[q, 0], req_out[q, 1], req_out[q, 2]
         read_tokens[0] += sd
         read_tokens[1] += sl
         read_tokens[2] += sf
@@ -749,12 +751,13 @@ def _request_pass(req_out, req_first, req_start, ts, first, window_s, bpt, a, b,
         w = np.int64(np.floor((ts[r] - ts[first]) / window_s))
         per_win[0, w] += bytes_l
         per_win[1, w] += bytes_f
-        flops_f = a * req_out[r, 3] + b * req_out[r, 4]
-        flops_m = a * req_out[r, 5] + b * req_out[r, 6]
+        flops_f = a * req_out[q, 3] + b * req_out[q, 4]
+        flops_m = a * req_out[q, 5] + b * req_out[q, 6]
         d = dram_fixed + bytes_d / dram_bps if bytes_d > 0 else 0.0
         bf = bytes_l + bytes_f
         restore = flash_fixed + bf / flash_bps if bf > 0 else 0.0
         f = min(restore, flops_f / rate)
+        i = r - first
         times[i] = d + f + flops_m / rate + overhead
         if table:
             cols[0, i] = bytes_d
@@ -762,16 +765,48 @@ def _request_pass(req_out, req_first, req_start, ts, first, window_s, bpt, a, b,
             cols[2, i] = bytes_f
             cols[3, i] = flops_f
             cols[4, i] = flops_m
-    for k in range(2):
-        top = 0.0
-        for w in range(n_win):
-            if per_win[k, w] > top:
-                top = per_win[k, w]
-        peak[k + 1] = top / window_s
-    return by_first, read_tokens, peak, times, cols
 
 
-def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, response, vals, requests_table=True):
+class _RequestFold:
+    """The per-request metrics of a run, folded in as the simulator finishes each chunk
+    of requests (:func:`_fold_requests`): what a streamed replay keeps per request is
+    the service time (8 bytes, for exact percentiles) and, only with the requests
+    table, its five columns."""
+
+    def __init__(self, trace, first_req: int, config: TierConfig, bpt: int, a: float, b: float,
+                 response: ResponseModel, requests_table: bool) -> None:
+        R = trace.n_requests
+        self.ts = np.ascontiguousarray(trace.request_timestamp, dtype=np.float64)
+        self.rs = trace.accesses.req_start
+        self.first = int(first_req)
+        n = max(0, R - self.first)
+        self.window_s = float(config.window_s)
+        self.args = (float(bpt), float(a), float(b), response.dram_fixed_s, response.dram_bytes_per_s,
+                     response.flash_fixed_s, response.flash_bytes_per_s,
+                     response.overhead_s if config.has_flash else 0.0, response.recompute_flops_per_s)
+        self.by_first = np.zeros(4, dtype=np.int64)
+        self.read_tokens = np.zeros(3, dtype=np.float64)
+        self.per_win = np.zeros((2, _windows(self.ts, self.first, self.window_s) if n else 1), dtype=np.float64)
+        self.times = np.empty(n, dtype=np.float64)
+        self.cols = np.empty((5, n if requests_table else 0), dtype=np.float64)
+
+    def add(self, req_out: np.ndarray, base: int, req_first: np.ndarray) -> None:
+        """Requests ``base..base + len(req_out) - 1`` (their rows of the simulator's
+        output), the warm-up ones skipped."""
+        lo, hi = max(int(base), self.first), int(base) + req_out.shape[0]
+        if hi > lo:
+            _fold_requests(req_out, int(base), lo, hi, req_first, self.rs, self.ts, self.first, self.window_s,
+                           *self.args, self.by_first, self.read_tokens, self.per_win, self.times, self.cols)
+
+    def peaks(self) -> np.ndarray:
+        """float64[3]: peak read rate per window, bytes/s (local and flash; 0 for DRAM)."""
+        out = np.zeros(3, dtype=np.float64)
+        out[1:] = self.per_win.max(axis=1) / self.window_s
+        return out
+
+
+def _metrics(trace, config, run: K.TierRun, fold: _RequestFold, node, first_req, bpt, a, b, gpu, vals,
+             requests_table=True):
     c, s = run.counts, run.sums
     R = trace.n_requests
     rs = trace.accesses.req_start
@@ -780,12 +815,8 @@ def _metrics(trace, config, run: K.TierRun, node, first_req, bpt, a, b, gpu, res
     seconds = float(ts[-1] - ts[first_req]) if R else 0.0
     out: dict = {}
 
-    # one pass over the measured requests: first-block tiers, reads, service times
-    has_table = bool(requests_table)
-    by_first, read_tokens, peak, times, cols = _request_pass(
-        run.req_out, run.req_first, rs, ts, first_req, float(config.window_s), float(bpt), float(a), float(b),
-        response.dram_fixed_s, response.dram_bytes_per_s, response.flash_fixed_s, response.flash_bytes_per_s,
-        response.overhead_s if config.has_flash else 0.0, response.recompute_flops_per_s, has_table)
+    # the measured requests, folded as the simulator went: first-block tiers, reads, service times
+    by_first, read_tokens, peak, times, cols = fold.by_first, fold.read_tokens, fold.peaks(), fold.times, fold.cols
     tiers = ("dram", "local", "flash")
     units = {
         "request": ([by_first[i] for i in range(3)], n_req),

@@ -423,13 +423,14 @@ _KERNEL_POLICY = -1
 
 def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_group, values,
               oracle_ok, ip, fp, cap, st, used, gstat, last_val, sketch, sk_ops,
-              decision, req_level, req_out, cnt, sums, hist):
+              decision, req_level, req_out, out_base, cnt, sums, hist):
     """Replay a chunk of whole requests: a forward pass over each touch group decides,
     pins and accounts its accesses, a backward pass inserts them into DRAM (module
     docstring). Access arrays (``block`` .. ``pos``, ``values``, ``oracle_ok``,
     ``decision``) and ``req_start`` are the chunk's; per-request arrays are the whole
     trace's, the chunk's request r being trace request ``r0 + r`` (``req_out`` is
-    [column, request]).
+    [column, request - out_base]: the whole trace's with ``out_base`` 0, or the chunk's
+    with ``out_base`` = r0).
 
     The pins of pass 1 run forward here, at each block's first occurrence, after its
     decision: a pin changes only the pinned block's own entries, and a repeat copies
@@ -704,13 +705,13 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             pre[level, 1] += p_tok
             pre[level, 2] += p_size
             pre[level, 3] += p_q
-        req_out[R_SRC, rg] = src_d
-        req_out[R_SRC + 1, rg] = src_l
-        req_out[R_SRC + 2, rg] = src_f
-        req_out[R_FL_TOK, rg] = fl_tok
-        req_out[R_FL_Q, rg] = fl_q
-        req_out[R_MISS_TOK, rg] = miss_tok
-        req_out[R_MISS_Q, rg] = miss_q
+        req_out[R_SRC, rg - out_base] = src_d
+        req_out[R_SRC + 1, rg - out_base] = src_l
+        req_out[R_SRC + 2, rg - out_base] = src_f
+        req_out[R_FL_TOK, rg - out_base] = fl_tok
+        req_out[R_FL_Q, rg - out_base] = fl_q
+        req_out[R_MISS_TOK, rg - out_base] = miss_tok
+        req_out[R_MISS_Q, rg - out_base] = miss_q
         # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
         if hi > lo and (decision[lo] & 3) != MISS:
@@ -807,7 +808,8 @@ class TierRun(NamedTuple):
     req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
         the usable prefix is empty).
     req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included;
-        a column-major view: each column is contiguous).
+        a column-major view: each column is contiguous); None when the simulator kept
+        only each chunk's (``chunk_columns``).
     counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
     sums : dict name -> float (:data:`SUM_NAMES`, measured period).
     hist : int64[3, 3, len(HIST_EDGES)] — residency counts [tier, metric, bin].
@@ -882,8 +884,8 @@ class TierSimulator:
     between :meth:`feed` calls, so feeding a trace in chunks gives the results of one
     call over the whole trace, bit for bit (module docstring, "Chunks"). Memory:
     the block rows (:func:`_state`), 8 bytes per block with ``has_values``, and the
-    per-request arrays (about 70 bytes per request); nothing per access beyond the
-    chunk being fed.
+    per-request arrays (about 70 bytes per request, 14 with ``chunk_columns``);
+    nothing per access beyond the chunk being fed.
 
     Parameters
     ----------
@@ -902,12 +904,17 @@ class TierSimulator:
         Memory for the block rows and the per-request outputs, reused from an earlier
         simulator that is done with them (a sweep's configurations: no fresh pages to
         fault in; :meth:`finish`'s ``req_out`` is then valid until the scratch's next use).
+    chunk_columns : bool
+        Keep the per-request output columns of the last chunk fed only
+        (:attr:`chunk_out`, valid until the next :meth:`feed`; ``finish().req_out`` is
+        then None): a streamed replay folds them chunk by chunk instead of holding 56
+        bytes per request of the whole trace.
     """
 
     def __init__(self, size, req_ts, req_node, *, block_tokens, prefix_aware, dram, local, flash, n_nodes,
                  policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE, write_through=False,
                  first_measured=0, req_group=None, n_groups=1, has_values=False, sketch_width=16,
-                 scratch=None) -> None:
+                 scratch=None, chunk_columns=False) -> None:
         size = np.ascontiguousarray(size, dtype=np.int64)
         M = size.shape[0]
         N = int(n_nodes)
@@ -963,10 +970,10 @@ class TierSimulator:
         self.req_first = np.full(n_req, MISS, dtype=np.int8)
         self.req_level = np.full(n_req, MISS, dtype=np.int8)
         # per-request outputs by column (each column contiguous); TierRun gets the (R, 7) view
-        if scratch is None:
-            self.req_cols = np.zeros((N_REQ_COLS, n_req), dtype=np.float64)
-        else:  # every column of a request is written when it is fed
-            self.req_cols = scratch.get(8 * N_REQ_COLS * n_req, "requests").view(np.float64).reshape(N_REQ_COLS, n_req)
+        self.scratch = scratch
+        self.chunk_columns = bool(chunk_columns)
+        self.chunk_out = None
+        self.req_cols = None if self.chunk_columns else self._columns(n_req)
         self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
         self.sums = np.zeros(N_SUMS, dtype=np.float64)
         self.hist = np.zeros((3, 3, HIST_EDGES.shape[0]), dtype=np.int64)
@@ -976,6 +983,18 @@ class TierSimulator:
         self.used = np.zeros(_LIST0 + n_lists, dtype=np.int64)
         self.req_node = np.ascontiguousarray(req_node, dtype=np.int32)
         self.next_request = 0  # the next chunk starts here
+
+    def _columns(self, n: int) -> np.ndarray:
+        """float64[N_REQ_COLS, n] for the per-request outputs (every column of a request
+        is written when it is fed)."""
+        if self.scratch is not None:
+            return self.scratch.get(8 * N_REQ_COLS * n, "requests").view(np.float64).reshape(N_REQ_COLS, n)
+        if self.chunk_columns:  # one buffer for every chunk, grown when a chunk needs more
+            buf = getattr(self, "_chunk_buf", None)
+            if buf is None or buf.shape[0] < N_REQ_COLS * n:
+                buf = self._chunk_buf = np.empty(N_REQ_COLS * n, dtype=np.float64)
+            return buf[:N_REQ_COLS * n].reshape(N_REQ_COLS, n)
+        return np.zeros((N_REQ_COLS, n), dtype=np.float64)
 
     def feed(self, block, tokens, pos, req_start, values=None, oracle_ok=None) -> np.ndarray:
         """Simulate the next requests: returns their accesses' decisions, int8 with
@@ -1015,11 +1034,16 @@ class TierSimulator:
         else:
             oracle_ok = np.zeros(0, dtype=np.int8)
         decision = np.full(n_acc, MISS, dtype=np.int8)
+        if self.chunk_columns:
+            out, out_base = self._columns(k), r0
+            self.chunk_out = out.T
+        else:
+            out, out_base = self.req_cols, 0
         if k > 0:
             _SIMULATE[int(self.ip[I_POLICY])](
                       block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
                       self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
-                      self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, self.req_cols,
+                      self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, out, out_base,
                       self.cnt, self.sums, self.hist)
             nonempty = req_start[1:] > req_start[:-1]
             self.req_first[r0:r0 + k][nonempty] = decision[req_start[:-1][nonempty]] & 3
@@ -1030,7 +1054,8 @@ class TierSimulator:
         """The run's outputs (per-access ``decision`` and ``cold`` as given, if any)."""
         if self.next_request != self.req_first.shape[0]:
             raise ValueError(f"{self.req_first.shape[0] - self.next_request} requests were never fed")
-        return TierRun(decision, cold, self.req_first, self.req_level, self.req_cols.T,
+        return TierRun(decision, cold, self.req_first, self.req_level,
+                       None if self.req_cols is None else self.req_cols.T,
                        dict(zip(COUNT_NAMES, self.cnt.tolist())), dict(zip(SUM_NAMES, self.sums.tolist())),
                        self.hist, int(self.shift))
 
