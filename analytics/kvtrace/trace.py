@@ -34,7 +34,6 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
 }
 
 
-
 def request_chunks(req_start: np.ndarray, size: int):
     """``(r, r_end, lo, hi)`` of consecutive chunks of whole requests, each about
     ``size`` accesses (one request when a request alone is longer): requests

@@ -633,9 +633,9 @@ def simulate(
         Build the per-request table (``requests``; None without it: a sweep needs
         only the summary, and the table is ~60 bytes per request).
     scratch : kvtrace.kernels.memory.Scratch, optional
-        Memory for the simulator's block table, kept between calls that run one after
-        another (:func:`sweep` passes one to all its configurations); results do not
-        depend on it.
+        Memory for the simulator's block table and per-request outputs, kept between
+        calls that run one after another (:func:`sweep` passes one to all its
+        configurations); results do not depend on it.
 
     Returns
     -------

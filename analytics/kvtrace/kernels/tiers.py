@@ -81,9 +81,9 @@ being touched):
   block). Count-min sketch of 4 rows of width W (a power of two), blocked like
   Caffeine's: from the 32-bit halves h1, h2 of one mix64 hash, a block's counters sit
   in group ``(h1 mod W) // g`` (g = min(16, W)) at offset ``(h2 >> 4i) mod g`` of row
-  i, and a group's 4 x g counters share half a 64-byte cache line; 4-bit
-  counters, two to a byte as in Caffeine (saturating at 15), incremented on every access; all counters halved every
-  ``10 x W`` accesses; no doorkeeper and no admission window (W-TinyLFU's window LRU
+  i, and a group's 4 x g counters share half a 64-byte cache line; 4-bit counters,
+  two to a byte as in Caffeine (saturating at 15), incremented on every access; all
+  counters halved every ``10 x W`` accesses; no doorkeeper and no admission window (W-TinyLFU's window LRU
   is not modelled);
 - ``GROUP``: the request group of the last access has an online re-reference
   probability ``(re-referenced + 1) / (accesses + 2)`` >= threshold: every access
@@ -121,7 +121,7 @@ from numba import njit
 
 from ..config import NJIT, NJIT_INLINE
 from .bits import bit_length
-from .memory import table_zeros
+from .memory import Scratch, table_zeros
 from .prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
@@ -662,8 +662,8 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                                 # increment and decrement per array argument of the helper (14) on
                                 # every offer, 0.6 s of a 30M-access run that admits nothing
                                 wrote = False
-                                if st[cand, X, _PREV] == ABSENT and st[cand, _INFO, _SIZE] <= cap[X]:
-                                    sv = st[cand, _INFO, _SIZE]
+                                sv = st[cand, _INFO, _SIZE]
+                                if st[cand, X, _PREV] == ABSENT and sv <= cap[X]:
                                     val = last_val[cand] if has_values else 0.0
                                     if meas:
                                         cnt[C_OFFER + tier] += 1
@@ -970,8 +970,9 @@ class TierSimulator:
         self.req_first = np.full(n_req, MISS, dtype=np.int8)
         self.req_level = np.full(n_req, MISS, dtype=np.int8)
         # per-request outputs by column (each column contiguous); TierRun gets the (R, 7) view
-        self.scratch = scratch
         self.chunk_columns = bool(chunk_columns)
+        # chunk rows: one buffer for every chunk, grown when a chunk needs more
+        self.scratch = Scratch() if scratch is None and self.chunk_columns else scratch
         self.chunk_out = None
         self.req_cols = None if self.chunk_columns else self._columns(n_req)
         self.cnt = np.zeros(N_COUNTS, dtype=np.int64)
@@ -989,11 +990,6 @@ class TierSimulator:
         is written when it is fed)."""
         if self.scratch is not None:
             return self.scratch.get(8 * N_REQ_COLS * n, "requests").view(np.float64).reshape(N_REQ_COLS, n)
-        if self.chunk_columns:  # one buffer for every chunk, grown when a chunk needs more
-            buf = getattr(self, "_chunk_buf", None)
-            if buf is None or buf.shape[0] < N_REQ_COLS * n:
-                buf = self._chunk_buf = np.empty(N_REQ_COLS * n, dtype=np.float64)
-            return buf[:N_REQ_COLS * n].reshape(N_REQ_COLS, n)
         return np.zeros((N_REQ_COLS, n), dtype=np.float64)
 
     def feed(self, block, tokens, pos, req_start, values=None, oracle_ok=None) -> np.ndarray:
