@@ -89,3 +89,35 @@ def test_a_populated_table_is_resident_before_it_is_written():
     assert _resident_bytes(full) >= n  # every page in at once
     lazy[:] = 1
     assert _resident_bytes(lazy) >= n
+
+
+def _smaps_entry(addr: int) -> dict[str, int]:
+    """The kB fields of the mapping of this process that holds ``addr`` (/proc/self/smaps)."""
+    fields: dict[str, int] | None = None
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+            if head:
+                if fields is not None:
+                    break
+                if int(head[1], 16) <= addr < int(head[2], 16):
+                    fields = {}
+            elif fields is not None:
+                m = re.match(r"(\w+):\s+(\d+) kB", line)
+                if m:
+                    fields[m[1]] = int(m[2])
+    assert fields is not None, f"no mapping holds {addr:#x}"
+    return fields
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="needs Linux's /proc/self/smaps")
+def test_a_large_table_is_private_anonymous_memory():
+    # Python's anonymous mmap is MAP_SHARED unless told otherwise: shared memory
+    # (shmem), which the usual THP settings never back with huge pages and which is
+    # slower to fault in and unmap; its resident pages are not counted as Anonymous
+    n = 4 * memory.HUGE_MIN_BYTES
+    a = memory.table_zeros(n, np.uint8)
+    a[:] = 1
+    entry = _smaps_entry(a.ctypes.data)
+    assert entry["Rss"] >= n // 1024
+    assert entry["Anonymous"] == entry["Rss"] and entry.get("Shared_Dirty", 0) == 0

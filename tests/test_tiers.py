@@ -596,6 +596,28 @@ def test_sweep_in_processes_equals_serial():
     assert serial["policy"].to_list() == [c.policy for c in configs]
 
 
+def test_parallel_sweep_maps_the_trace_and_values_and_removes_its_files(tmp_path, monkeypatch):
+    # the workers map the trace (and the value>=v values) from files in a temporary
+    # directory rather than receiving pickled copies: same table, directory gone after
+    import tempfile
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    rng = np.random.default_rng(8)
+    reqs = [list(rng.integers(0, 50, size=rng.integers(1, 7))) for _ in range(400)]
+    tr = make_trace(reqs, list(rng.integers(1, 5, size=50)))
+    trace = as_trace(tr.block, tr.size, tr.req_start, ts=np.sort(rng.uniform(0, 900, 400)),
+                     session=list(rng.integers(0, 25, 400)), types=list(rng.choice(["a", "b", "c"], 400)))
+    values = rng.uniform(-1.0, 3.0, trace.n_accesses)
+    configs = [TierConfig(15, flash_bytes=50, policy=p, nodes=n, routing=r)
+               for p in ("value>=1.0", "prob:0.5", "group>=0.4") for n, r in ((1, "session"), (2, "prefix"))]
+    serial = sweep(trace, configs, model=ONE_BYTE, values=values, workers=1, warmup="10%")
+    parallel = sweep(trace, configs, model=ONE_BYTE, values=values, workers=2, warmup="10%")
+    assert serial.equals(parallel, null_equal=True)
+    assert serial["value_captured_dollars"].drop_nulls().len() == len(configs)  # the values reached every run
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_reused_block_table_changes_nothing():
     # one Scratch through configurations of different row widths (3 nodes with local
     # SSDs first, then one node), dirtied in between: every result as from fresh memory

@@ -9,7 +9,9 @@ only grants huge pages on request (``madvise``, the usual default) and compacts 
 to find them, faulting in gigabytes of them cost a 30M-access ``kvtrace curve`` about
 2 s of system time (of 10 s end to end). So the CLI turns numpy's request off
 (:func:`kvtrace.config.stop_numpy_huge_pages`) and the tables ask for huge pages themselves
-(:func:`table_zeros`, :func:`table_full`). Results never depend on any of this.
+(:func:`table_zeros`, :func:`table_full`). On the VM behind the README's figures
+(nested paging) the kernels ran no faster on huge pages; what they save there is the
+cost of faulting tables in and unmapping them. Results never depend on any of this.
 """
 
 from __future__ import annotations
@@ -30,10 +32,16 @@ def table_zeros(shape, dtype, populate: bool = False) -> np.ndarray:
     huge pages (anonymous memory: zero-filled, page-aligned; a plain numpy array when
     small, or where the system has no such advice).
 
+    The mapping is private: Python's anonymous ``mmap`` is ``MAP_SHARED`` unless told
+    otherwise, i.e. shared memory, which the usual settings never back with huge pages
+    (``shmem_enabled`` is ``never`` by default) and which is slower to fault in and to
+    unmap. On the VM behind the README's figures, a 340 MB table populated as below:
+    shared 0.24-0.26 s and 0.09 s to unmap; private with huge pages 0.03-0.09 s and
+    0.002 s (0.8 s the first time the VM hands out that memory at all).
+
     ``populate``: the caller will write all of it, so fault every page in now, in one
     call (``MADV_POPULATE_WRITE``, Linux 5.14+; elsewhere the pages fault in as they are
-    first written, as without it). On the VM behind the README's figures that halves the
-    cost of first touching a large table (340 MB: 0.38 s -> 0.16-0.25 s); a table
+    first written, as without it), about half the cost of faulting page by page; a table
     written only in part must not ask for it (every page would count as resident)."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)
@@ -41,7 +49,10 @@ def table_zeros(shape, dtype, populate: bool = False) -> np.ndarray:
     nbytes = n * dtype.itemsize
     if nbytes < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return np.zeros(shape, dtype=dtype)
-    mm = mmap.mmap(-1, nbytes)
+    # private: Python's anonymous mmap defaults to MAP_SHARED, which is shared memory
+    # (shmem): never backed by huge pages under the usual settings (shmem_enabled
+    # "never"), and slower to fault in and to unmap
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
     try:
         mm.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # not supported here: ordinary pages
@@ -64,9 +75,8 @@ def table_full(shape, value, dtype) -> np.ndarray:
 
 class Scratch:
     """Memory for a run's tables, kept from one run to the next: runs that follow one
-    another (a sweep's configurations) reuse it instead of faulting in fresh pages,
-    which on a virtual machine costs about as much as writing the memory ten times
-    (340 MB of tier-simulator rows: 0.3 s to fault in, 0.03 s to rewrite).
+    another (a sweep's configurations) reuse it instead of faulting in fresh pages and
+    unmapping them again (:func:`table_zeros` gives the cost).
 
     :meth:`get` hands out the same memory for the same ``name`` each time (grown when a
     run needs more), *not zeroed*: the caller initialises all of it, and the previous
