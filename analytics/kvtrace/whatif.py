@@ -1033,8 +1033,9 @@ def sweep(
 ) -> pl.DataFrame:
     """Simulate every configuration and compare them in one table.
 
-    Configurations run in ``workers`` processes (``spawn``: each worker receives the
-    trace once, then one configuration at a time); each one is a deterministic single
+    Configurations run in ``workers`` processes (``spawn``: each worker maps the trace
+    from files written once, :class:`_MappedTrace`, then runs one configuration at a
+    time); each one is a deterministic single
     thread replay, so the table equals the serial one. ``workers <= 1`` runs serially
     in this process. As with any ``spawn`` pool, a script calling this must do so under
     ``if __name__ == "__main__":`` (the workers re-import the main module).
