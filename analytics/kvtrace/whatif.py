@@ -458,17 +458,6 @@ def _first_blocks(trace) -> np.ndarray:
 # --------------------------------------------------------------------------- streamed traces
 
 
-@njit(**NJIT)
-def _oracle_chunk(block, decision, next_flash, out):
-    """Backward over one chunk (chunks taken last to first): ``out[t]`` = whether the
-    block's next access was served from flash, ``next_flash`` carrying it per block."""
-    for t in range(block.shape[0] - 1, -1, -1):
-        b = block[t]
-        out[t] = next_flash[b]
-        d = decision[t] & 3
-        next_flash[b] = 1 if d == K.LOCAL or d == K.FLASH else 0
-
-
 def _streamed_oracle_flags(trace: StreamedTrace, decisions: Path, out: Path) -> None:
     """:func:`kvtrace.kernels.tiers.reuse_oracle_flags` of a streamed trace, from the
     admit-all run's decisions in the spill file ``decisions`` (int8 per access), written
@@ -479,7 +468,7 @@ def _streamed_oracle_flags(trace: StreamedTrace, decisions: Path, out: Path) -> 
         fh.truncate(trace.n_accesses)
         for ch in trace.access_chunks(layout=False, extra=[(decisions, np.int8)], reverse=True, block_dtype=None):
             flags = np.empty(ch.hi - ch.lo, dtype=np.int8)
-            _oracle_chunk(ch.block, ch.extra[0], next_flash, flags)
+            K.oracle_flags_chunk(ch.block, ch.extra[0], next_flash, flags)
             fh.seek(ch.lo)
             flags.tofile(fh)
 
