@@ -69,8 +69,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",
 )
-# Wide tables wrap badly at Rich's 80-column default for pipes and logs.
-_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 140
+# Wide tables wrap badly at Rich's 80-column default for pipes and logs (the whatif
+# comparison is about 180 columns wide; tables take only the width they need).
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
 console = Console(highlight=False, width=_WIDTH)
 err_console = Console(stderr=True, highlight=False)
 _state = {"debug": False}
