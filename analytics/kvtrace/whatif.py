@@ -119,6 +119,7 @@ read) · ``flash_recompute_flops`` · ``miss_recompute_flops`` · ``service_time
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import multiprocessing
@@ -143,7 +144,7 @@ from .kernels.memory import Scratch
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from .response import ResponseModel, percentiles
 from .stream import StreamedTrace
-from .trace import Trace
+from .trace import Accesses, Trace
 from .units import format_bytes, parse_duration, parse_size
 
 __all__ = ["Policy", "TierConfig", "WhatIfResult", "local_vs_shared", "parse_policy", "route", "simulate",
@@ -967,24 +968,22 @@ class _MappedTrace:
 
     def open(self) -> tuple[Trace, np.ndarray | None]:
         """The trace (and values) backed by the files."""
-        from .trace import Accesses
-
-        accesses = Accesses(**{name: self._array(name) for name in self._ARRAYS})
-        requests = pl.read_ipc(self.directory / "requests.arrow")
-        trace = Trace(requests, accesses, *(self._array(name) for name in self._BLOCK_ARRAYS), self.meta,
-                      self.warnings)
+        trace = Trace(requests=pl.read_ipc(self.directory / "requests.arrow"),
+                      accesses=Accesses(**{name: self._array(name) for name in self._ARRAYS}),
+                      **{name: self._array(name) for name in self._BLOCK_ARRAYS}, meta=self.meta,
+                      warnings=self.warnings)
         return trace, self._array("values") if self.has_values else None
 
 
-def _shared_tmp(trace) -> str | None:
+def _shared_tmp(trace: Trace) -> str | None:
     """Where the sweep writes the trace for its workers: ``/dev/shm`` (memory: written
     at memory speed, no disk writeback; 1.3 GB of the 30M-access benchmark trace in
     0.4 s there, 1.9 s in a disk-backed /tmp) when it has room for it twice over and
     ``TMPDIR`` does not say otherwise; else the usual temporary directory."""
-    if not isinstance(trace, Trace) or os.environ.get("TMPDIR") or not os.path.isdir("/dev/shm"):
+    if os.environ.get("TMPDIR") or not os.path.isdir("/dev/shm"):
         return None
-    a = trace.accesses
-    need = sum(x.nbytes for x in (a.request, a.pos, a.block, a.tokens, a.req_start)) + trace.requests.estimated_size()
+    need = (sum(getattr(trace.accesses, name).nbytes for name in _MappedTrace._ARRAYS)
+            + trace.requests.estimated_size())
     try:
         free = shutil.disk_usage("/dev/shm").free
     except OSError:
@@ -1056,9 +1055,12 @@ def sweep(
             done(simulate(trace, c, **kwargs, requests_table=False, scratch=scratch).summary)
         return summary_table(rows)
     ctx = multiprocessing.get_context("spawn")  # fork is unsafe with Polars' and Numba's threads
-    with tempfile.TemporaryDirectory(prefix="kvtrace-sweep-", dir=_shared_tmp(trace)) as tmp:
+    # workers map an in-memory trace from files (a streamed trace is small without its accesses)
+    to_map = isinstance(trace, Trace)
+    with (tempfile.TemporaryDirectory(prefix="kvtrace-sweep-", dir=_shared_tmp(trace)) if to_map
+          else contextlib.nullcontext()) as tmp:
         handle = trace
-        if isinstance(trace, Trace):  # workers map it from files (a streamed trace is small without its accesses)
+        if to_map:
             values = kwargs["values"]
             mapped = isinstance(values, np.ndarray)
             handle = _MappedTrace(trace, values if mapped else None, Path(tmp))

@@ -49,10 +49,7 @@ def table_zeros(shape, dtype, populate: bool = False) -> np.ndarray:
     nbytes = n * dtype.itemsize
     if nbytes < HUGE_MIN_BYTES or not hasattr(mmap, "MADV_HUGEPAGE"):
         return np.zeros(shape, dtype=dtype)
-    # private: Python's anonymous mmap defaults to MAP_SHARED, which is shared memory
-    # (shmem): never backed by huge pages under the usual settings (shmem_enabled
-    # "never"), and slower to fault in and to unmap
-    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)
+    mm = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE)  # not the default MAP_SHARED (see above)
     try:
         mm.madvise(mmap.MADV_HUGEPAGE)
     except OSError:  # not supported here: ordinary pages
