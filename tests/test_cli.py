@@ -239,10 +239,11 @@ def test_interrupted_ingest_keeps_the_old_output(tmp_path, evict_trace, monkeypa
 def test_ingest_into_a_directory_or_missing_directory(tmp_path, evict_trace):
     adir = tmp_path / "adir"
     adir.mkdir()
-    one_line_error(run("ingest", evict_trace, "-o", adir, columns=80), 1, f"{adir}: is a directory")
+    # output locations are usage errors found before the trace is read (exit 2)
+    one_line_error(run("ingest", evict_trace, "-o", adir, columns=80), 2, f"{adir}: field 'out': is a directory")
     assert list(adir.iterdir()) == [] and temp_files(tmp_path) == []
     missing = tmp_path / "no" / "such" / "dir" / "t.parquet"
-    one_line_error(run("ingest", evict_trace, "-o", missing, columns=80), 1, "directory does not exist")
+    one_line_error(run("ingest", evict_trace, "-o", missing, columns=80), 2, "the output's directory does not exist")
     assert not (tmp_path / "no").exists()
 
 

@@ -296,6 +296,12 @@ def test_table_format_errors(tmp_path, name, suffix):
 # ------------------------------------------------------------------------ units
 
 
+def test_parse_size_units_are_case_insensitive_and_may_follow_a_space():
+    """The README's decision (Conventions: sizes): one size, however the unit is cased or spaced."""
+    assert {parse_size(t) for t in ("64GiB", "64 GiB", "64gib", "64 gib", "64GIB", " 64 Gi ")} == {64 * 2**30}
+    assert {parse_size(t) for t in ("500GB", "500 gb", "500Gb")} == {500 * 10**9}
+
+
 @pytest.mark.parametrize("text, value", [
     ("64GiB", 64 * 2**30),
     ("1.5TiB", 3 * 2**39),

@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import __version__
-from .errors import KvtraceError, UsageError
+from .errors import KvtraceError, UsageError, _printable
 from .units import format_bytes, format_seconds, parse_sizes
 
 def _click_exceptions():
@@ -101,13 +101,45 @@ _OPTION_OF_FIELD = {
 }
 
 
+def _path(value: str) -> Path:
+    """A path option or argument: an empty string is a usage error (``Path('')`` would
+    silently be the current directory)."""
+    if not value.strip():
+        raise typer.BadParameter("expected a path, got an empty string")
+    return Path(value)
+
+
+#: what to try when a command runs out of memory, by command
+_OUT_OF_MEMORY_ADVICE = {
+    "curve": "try --stream (a Parquet trace; convert it once with kvtrace ingest) or --sample-rate 0.01",
+    "stats": "try --stream (a Parquet trace; convert it once with kvtrace ingest)",
+    "value": "try --stream (a Parquet trace; convert it once with kvtrace ingest)",
+    "whatif": "try --stream (a Parquet trace; convert it once with kvtrace ingest) or --workers 1",
+}
+
+
+def _out_of_memory(command: str, kwargs: dict) -> str:
+    """The one line for a MemoryError: the trace, the command and what would help."""
+    trace = next((kwargs[k] for k in ("trace_path", "src", "target") if kwargs.get(k) is not None), None)
+    advice = _OUT_OF_MEMORY_ADVICE.get(command, "analyse a part of the trace (a time window, or fewer shards)")
+    where = f"{trace}: " if trace is not None else ""
+    return f"{where}out of memory in kvtrace {command.replace('_', ' ')}: {advice}"
+
+
 def handles_errors(fn: Callable) -> Callable:
-    """One-line errors: KvtraceError -> exit 1 (UsageError -> 2); tracebacks only with --debug."""
+    """One-line errors: KvtraceError -> exit 1 (UsageError -> 2); tracebacks only with --debug.
+
+    The command's outputs form one transaction (kvtrace.outputs.output_transaction):
+    they replace their destinations together when the command returns, and an error
+    or an interrupt leaves every destination as it was."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from .outputs import output_transaction
+
         try:
-            return fn(*args, **kwargs)
+            with output_transaction():
+                return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort, _click_exceptions().ClickException):
             raise
         except KvtraceError as exc:
@@ -123,7 +155,8 @@ def handles_errors(fn: Callable) -> Callable:
         except MemoryError:
             if _state["debug"]:
                 raise
-            err_console.print("kvtrace: error: out of memory: try --sample-rate 0.01", markup=False, soft_wrap=True)
+            err_console.print(f"kvtrace: error: {_printable(_out_of_memory(fn.__name__, kwargs))}", markup=False,
+                              soft_wrap=True)
             raise typer.Exit(1) from None
         except OSError as exc:
             if _state["debug"]:
@@ -236,6 +269,16 @@ def _fmt_num(x, digits: int = 3) -> str:
     return f"{x:,.{digits}g}" if abs(x) < 1000 else f"{x:,.0f}"
 
 
+def _check_paths(outputs: dict, inputs: dict | None = None, json_out: Optional[str] = None) -> None:
+    """Before any work: ``--json``'s suffix, and every output against the inputs and each
+    other (kvtrace.outputs.check_outputs: never an input, never two outputs in one file,
+    every location writable)."""
+    from .outputs import check_json_target, check_outputs
+
+    check_json_target(json_out)
+    check_outputs({**outputs, "json": json_out}, inputs)
+
+
 def _write_json(path: str, obj) -> None:
     from .outputs import _json_safe, write_json_atomic
 
@@ -249,8 +292,8 @@ def _write_json(path: str, obj) -> None:
 @app.command()
 @handles_errors
 def ingest(
-    src: Path = typer.Argument(..., help="Trace: Mooncake/Bailian JSONL (gzip/zstd ok, or a directory of shards), Parquet or CSV."),
-    out: Path = typer.Option(..., "--out", "-o", help="Canonical Parquet to write."),
+    src: Path = typer.Argument(..., parser=_path, help="Trace: Mooncake/Bailian JSONL (gzip/zstd ok, or a directory of shards), Parquet or CSV."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Canonical Parquet to write."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
@@ -262,6 +305,7 @@ def ingest(
     """
     from .ingest import distinct_blocks, load_requests, write_canonical
 
+    _check_paths({"out": out}, {"TRACE": src})
     t0 = time.perf_counter()
     df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
                                        workload="ingest")
@@ -284,7 +328,7 @@ def ingest(
 @app.command()
 @handles_errors
 def stats(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -297,6 +341,7 @@ def stats(
     """What is in a trace: size, arrivals, lengths, reuse and the most valuable shared prefixes."""
     from .stats import trace_stats
 
+    _check_paths({}, {"TRACE": trace_path}, json_out)
     m = _model(model, kv_bytes_per_token, dtype)  # before a long scan
     trace = _open_stats_trace(trace_path, fmt, block_tokens, share_tenants, stream)
     if hasattr(trace, "close"):  # streamed: passes over the spill files, which close removes
@@ -376,6 +421,7 @@ def models(
     """Model presets (KV bytes per token and per block) and GPU presets."""
     from .model import gpus_table, models_table
 
+    _check_paths({}, None, json_out)
     mt, gt = models_table(block_tokens), gpus_table()
     if json_out:
         _write_json(json_out, {"models": mt.to_dicts(), "gpus": gt.to_dicts()})
@@ -449,7 +495,7 @@ def synth(
     kind: SynthKind = typer.Option(SynthKind.chat, "--kind", help="Workload: chat, agent, rag or mixed."),
     requests: int = typer.Option(2000, "--requests", "-n", min=1, help="Number of requests."),
     seed: int = typer.Option(0, "--seed", min=0, max=2**63 - 1, help="Random seed (same seed, same trace)."),
-    out: Path = typer.Option(..., "--out", "-o", help="File to write."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="File to write."),
     fmt: SynthFmt = typer.Option(SynthFmt.mooncake, "--format", help="mooncake / bailian JSONL, or canonical parquet."),
     block_tokens: Optional[int] = typer.Option(None, "--block-tokens", min=1, max=1 << 20, help="Tokens per block (default 512; 16 for bailian)."),
     rate: Optional[float] = typer.Option(None, "--rate", min=1e-6, help="Mean session arrival rate, per second."),
@@ -458,6 +504,7 @@ def synth(
     """Generate a realistic synthetic trace (multi-turn chat, tool agents, RAG, shared system prompts)."""
     from . import synth as synth_mod
 
+    _check_paths({"out": out})
     t0 = time.perf_counter()
     if chunk_requests:
         synth_mod.write_chunked(kind.value, requests, seed, out, fmt.value, block_tokens=block_tokens,
@@ -489,7 +536,7 @@ def _round_capacities(lo: float, hi: float) -> list[int]:
 @app.command()
 @handles_errors
 def curve(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -502,9 +549,9 @@ def curve(
     warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up: a fraction of requests (0.1, 10%) or a duration (10min)."),
     by: Optional[By] = typer.Option(None, "--by", help="Break metrics down by type, tenant, turn or session-length (shared cache)."),
     sample_rate: Optional[float] = typer.Option(None, "--sample-rate", help="SHARDS spatial sampling rate in (0, 1): approximate, with an error estimate."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the curve table: .parquet, .csv or .json."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a chart: .html (self-contained), .png or .svg."),
-    distances_out: Optional[Path] = typer.Option(None, "--distances-out", help="Write per-access distances (.parquet/.csv/.json) for SQL."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the curve table: .parquet, .csv or .json."),
+    plot: Optional[Path] = typer.Option(None, "--plot", parser=_path, help="Write a chart: .html (self-contained), .png or .svg."),
+    distances_out: Optional[Path] = typer.Option(None, "--distances-out", parser=_path, help="Write per-access distances (.parquet/.csv/.json) for SQL."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write ceiling, knees and info as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
@@ -512,7 +559,7 @@ def curve(
     stream: Optional[bool] = typer.Option(None, "--stream/--no-stream", help="Read a Parquet trace in chunks, memory bounded by its distinct blocks, same results bit for bit (default: when the in-memory run would exceed half the available memory or $KVTRACE_MEMORY_BUDGET)."),
     engine: Engine = EngineOpt,
     scheduler: Optional[str] = SchedulerOpt,
-    workers: int = typer.Option(2, "--workers", min=1, help="Processes of the local Dask cluster (--engine dask without --scheduler)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Processes of the local Dask cluster (--engine dask without --scheduler; default 2)."),
     partitions: Optional[int] = typer.Option(None, "--partitions", min=1, help="Spatial partitions of a Dask curve (default: the cluster's worker threads, at least 2)."),
 ) -> None:
     """Capacity-hit curves: what each cache size saves, in requests, tokens, bytes and GPU compute.
@@ -537,6 +584,11 @@ def curve(
                          field="sample-rate")
     if sample_rate is not None and distances_out is not None and sample_rate < 1:
         raise UsageError("--distances-out needs exact distances: drop --sample-rate", field="distances-out")
+    if capacity is not None and not capacity.strip(" ,"):
+        raise UsageError("expected sizes such as 64GiB,1TiB, got an empty list (leave --capacity out for the "
+                         "default grid)", field="capacity")
+    _dask_only(engine, scheduler=scheduler, workers=workers, partitions=partitions)
+    _check_paths({"out": out, "plot": plot, "distances-out": distances_out}, {"TRACE": trace_path}, json_out)
     m = _model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
     caps = parse_sizes(capacity) if capacity else None
@@ -546,7 +598,7 @@ def curve(
             if value is not None:
                 raise UsageError(f"--{flag} is not available with --engine dask", field=flag)
         t0 = time.perf_counter()
-        result = _curve_on_dask(trace_path, scheduler, workers, partitions, fmt, block_tokens, share_tenants,
+        result = _curve_on_dask(trace_path, scheduler, workers or 2, partitions, fmt, block_tokens, share_tenants,
                                 model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points,
                                 warmup=warmup)
     else:
@@ -599,6 +651,16 @@ def curve(
     for label, p in (("curve", out), ("plot", plot), ("distances", distances_out), ("json", json_out)):
         if p is not None and p != "-":
             err_console.print(f"wrote {label}: {p}", markup=False)
+
+
+def _dask_only(engine: "Engine", **given) -> None:
+    """Options that only a Dask run reads are usage errors without ``--engine dask``
+    (rather than silently ignored)."""
+    if engine == Engine.dask:
+        return
+    for name, value in given.items():
+        if value is not None:
+            raise UsageError(f"--{name} applies only with --engine dask", field=name)
 
 
 def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
@@ -736,7 +798,7 @@ def _render_groups(result) -> None:
 @app.command()
 @handles_errors
 def value(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -748,9 +810,9 @@ def value(
     read_cost: Optional[float] = typer.Option(None, "--read-cost", help="$ per TB read from the tier (default 0)."),
     occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="$ per TB-month stored (default 20, illustrative)."),
     top: int = typer.Option(10, "--top", min=1, max=1_000_000, help="How many prefixes to list."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the per-block table: .parquet, .csv or .json."),
-    prefixes_out: Optional[Path] = typer.Option(None, "--prefixes-out", help="Write the per-prefix rollup (.parquet/.csv/.json)."),
-    accesses_out: Optional[Path] = typer.Option(None, "--accesses-out", help="Write per-access next use, reuses and value (.parquet/.csv/.json)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the per-block table: .parquet, .csv or .json."),
+    prefixes_out: Optional[Path] = typer.Option(None, "--prefixes-out", parser=_path, help="Write the per-prefix rollup (.parquet/.csv/.json)."),
+    accesses_out: Optional[Path] = typer.Option(None, "--accesses-out", parser=_path, help="Write per-access next use, reuses and value (.parquet/.csv/.json)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the summary and top prefixes as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
@@ -770,6 +832,8 @@ def value(
     for p in (out, prefixes_out, accesses_out):
         if p is not None:
             table_format(p)
+    _check_paths({"out": out, "prefixes-out": prefixes_out, "accesses-out": accesses_out}, {"TRACE": trace_path},
+                 json_out)
     h = parse_horizon(horizon)
     base = DEFAULT_COSTS.to_dict()
     costs = StorageCosts.per_tb(
@@ -892,7 +956,7 @@ class FlashOrder(str, Enum):
 @app.command()
 @handles_errors
 def whatif(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     dram: str = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid)."),
     flash: str = typer.Option("0", "--flash", help="Shared flash pool, e.g. 8TiB (a comma list with --grid; 0 = none)."),
     local_ssd: str = typer.Option("0", "--local-ssd", help="Local SSD per node (0 = none)."),
@@ -921,8 +985,8 @@ def whatif(
     overhead_ms: float = typer.Option(1.0, "--overhead-ms", help="Per-request overhead of having a flash tier, ms."),
     horizon: str = typer.Option("1h", "--horizon", help="Horizon of the value kernel for value>=v policies."),
     workers: int = typer.Option(2, "--workers", min=1, help="Processes for several configurations (with --engine dask: the local cluster's workers)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the comparison table (.parquet/.csv/.json)."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Frontier chart: flash hit share vs flash bytes written (.html/.png/.svg)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the comparison table (.parquet/.csv/.json)."),
+    plot: Optional[Path] = typer.Option(None, "--plot", parser=_path, help="Frontier chart: flash hit share vs flash bytes written (.html/.png/.svg)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the comparison as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
@@ -946,11 +1010,13 @@ def whatif(
     if plot is not None and plot.suffix.lower() not in (".html", ".png", ".svg"):
         found = f"suffix '{plot.suffix}'" if plot.suffix else "no suffix"
         raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", field="plot")
-    drams = [d.strip() for d in dram.split(",") if d.strip()]
-    flashes = [f.strip() for f in flash.split(",") if f.strip()]
+    drams, flashes, policies = (_comma_list(v, name, example) for v, name, example in (
+        (dram, "dram", "256GiB"), (flash, "flash", "8TiB or 0"), (policy, "policy", "all,second-hit")))
     if not grid and (len(drams) > 1 or len(flashes) > 1):
         raise UsageError("several --dram or --flash sizes need --grid", field="grid")
-    policies = [p.strip() for p in policy.split(",") if p.strip()]
+    if engine != Engine.dask and scheduler is not None:
+        raise UsageError("--scheduler applies only with --engine dask", field="scheduler")
+    _check_paths({"out": out, "plot": plot}, {"TRACE": trace_path}, json_out)
     common = dict(local_ssd_bytes=local_ssd, nodes=nodes, routing=routing.value, flash_order=flash_order.value,
                   promotion=promotion.value, write_mode=write_mode.value, inclusive=inclusive)
     configs = [TierConfig(d, flash_bytes=f, policy=p, **common) for d in drams for f in flashes for p in policies]
@@ -989,6 +1055,14 @@ def whatif(
     finally:
         if streamed:
             trace.close()
+
+
+def _comma_list(text: str, name: str, example: str) -> list[str]:
+    """The items of a comma-separated option; none at all is a usage error."""
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items:
+        raise UsageError(f"expected one or more values such as {example}, got '{text}'", field=name)
+    return items
 
 
 def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine, scheduler,
@@ -1103,6 +1177,7 @@ def estimate_latency(
     """
     from .estimate import latency
 
+    _check_paths({}, None, json_out)
     r = latency(h_dram, h_flash, dram_ms, flash_ms, recompute_ms, overhead_ms)
     if json_out == "-":
         _write_json("-", r.to_dict())
@@ -1160,6 +1235,7 @@ def estimate_cost(
     """
     from .estimate import cost_benefit, monthly_cost
 
+    _check_paths({}, None, json_out)
     common = dict(amortisation_months=months, dollars_per_kwh=kwh_price, hours_per_month=hours_per_month)
     current = None if hardware is None else monthly_cost(
         hardware, support_monthly_usd=support, kw=kw, reserve_monthly_usd=reserve, label="current", **common)
@@ -1237,6 +1313,7 @@ def estimate_bandwidth(
     from .estimate import bandwidth, parse_rate
     from .units import parse_size
 
+    _check_paths({}, None, json_out)
     r = bandwidth(rate, share, parse_size(read_bytes, field="bytes"),
                   tier_bytes_per_s=None if tier_bandwidth is None else parse_rate(tier_bandwidth, field="tier-bandwidth"),
                   peak_arrival_rate_per_s=peak_rate,
@@ -1271,10 +1348,10 @@ def estimate_bandwidth(
 @app.command()
 @handles_errors
 def size(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
-    config_path: Optional[Path] = typer.Option(None, "--config", "-c", help="Sizing TOML (see sample_traces/tiers.example.toml); default: that file's illustrative numbers."),
-    report: Optional[Path] = typer.Option(None, "--report", help="Write a self-contained report: .html (embedded Altair charts) or .md."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the candidates table (.parquet/.csv/.json)."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
+    config_path: Optional[Path] = typer.Option(None, "--config", "-c", parser=_path, help="Sizing TOML (see sample_traces/tiers.example.toml); default: that file's illustrative numbers."),
+    report: Optional[Path] = typer.Option(None, "--report", parser=_path, help="Write a self-contained report: .html (embedded Altair charts) or .md."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the candidates table (.parquet/.csv/.json)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the whole result as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
@@ -1294,6 +1371,7 @@ def size(
     if report is not None and report.suffix.lower() not in (".html", ".htm", ".md", ".markdown"):
         found = f"suffix '{report.suffix}'" if report.suffix else "no suffix"
         raise UsageError(f"unsupported report file ({found}): expected .html or .md", field="report")
+    _check_paths({"out": out, "report": report}, {"TRACE": trace_path, "--config": config_path}, json_out)
     if config_path is None:
         config = default_config()
         err_console.print("kvtrace: warning: no --config: using the illustrative numbers of "
@@ -1383,8 +1461,8 @@ def _stage_progress(prog: Progress):
 @app.command()
 @handles_errors
 def export(
-    trace_path: Path = typer.Argument(..., metavar="TRACE", help="Trace file (JSONL, Parquet or CSV)."),
-    db: Path = typer.Option(..., "--db", "-o", help="DuckDB database to write; an existing one is replaced atomically."),
+    trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
+    db: Path = typer.Option(..., "--db", "-o", parser=_path, help="DuckDB database to write; an existing one is replaced atomically."),
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
@@ -1398,8 +1476,8 @@ def export(
     write_cost: Optional[float] = typer.Option(None, "--write-cost", help="Value: $ per TB written (default 0.20, illustrative)."),
     read_cost: Optional[float] = typer.Option(None, "--read-cost", help="Value: $ per TB read (default 0)."),
     occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="Value: $ per TB-month stored (default 20, illustrative)."),
-    whatif: Optional[Path] = typer.Option(None, "--whatif", help="Also load a `kvtrace whatif --out` table as table whatif."),
-    parquet: Optional[Path] = typer.Option(None, "--parquet", help="Also write every table as DIR/TABLE.parquet (the sql/ views work over them)."),
+    whatif: Optional[Path] = typer.Option(None, "--whatif", parser=_path, help="Also load a `kvtrace whatif --out` table as table whatif."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", parser=_path, help="Also write every table as DIR/TABLE.parquet (the sql/ views work over them)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
@@ -1410,10 +1488,12 @@ def export(
     and stores per-request, per-access and per-block results with the sql/ views and
     macros. Open it with the DuckDB CLI or any DuckDB client, or with `kvtrace sql`.
     """
-    from .export import export_database
+    from .export import export_database, parquet_files
     from .model import resolve_gpu
     from .value import parse_horizon
 
+    _check_paths({"db": db, "parquet": None if parquet is None else parquet_files(parquet, whatif is not None)},
+                 {"TRACE": trace_path, "--whatif": whatif})
     h = parse_horizon(horizon)
     costs = _export_costs(write_cost, read_cost, occupancy_cost)
     m = _model(model, kv_bytes_per_token, dtype)
@@ -1477,12 +1557,12 @@ def _render_sql(result, max_rows: int) -> None:
 @app.command()
 @handles_errors
 def sql(
-    target: Path = typer.Argument(..., metavar="TRACE_OR_DB", help="A database from `kvtrace export`, or a trace file (analysed into a temporary in-memory database)."),
+    target: Path = typer.Argument(..., metavar="TRACE_OR_DB", parser=_path, help="A database from `kvtrace export`, or a trace file (analysed into a temporary in-memory database)."),
     command: Optional[str] = typer.Option(None, "--command", "-c", help="SQL to run (several statements separated by ';')."),
-    file: Optional[Path] = typer.Option(None, "--file", "-f", help="Run the SQL in this file."),
+    file: Optional[Path] = typer.Option(None, "--file", "-f", parser=_path, help="Run the SQL in this file."),
     example: Optional[str] = typer.Option(None, "--example", "-e", help="Run a bundled example query of sql/examples, by name or number (e.g. 08)."),
     out_format: Optional[SqlFormat] = typer.Option(None, "--format", help="table (terminal), csv, json or parquet (needs -o); default: from the -o suffix, else table."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the result of the last statement to this file."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the result of the last statement to this file."),
     max_rows: int = typer.Option(200, "--max-rows", min=1, help="Rows shown per result in table format."),
     set_vars: Optional[list[str]] = typer.Option(None, "--set", help="NAME=SQL: set a variable before the query (the examples' parameters), e.g. --set window_s=600."),
     write: bool = typer.Option(False, "--write", help="Open the database for writing (default read-only)."),
@@ -1508,6 +1588,7 @@ def sql(
                            run_script, write_result)
 
     fmt_name = output_format(out_format.value if out_format else None, out)
+    _check_paths({"out": out}, {"TRACE_OR_DB": target, "--file": file})
     variables = []
     for item in set_vars or []:
         name, eq, value = item.partition("=")

@@ -652,7 +652,15 @@ def export_database(
             with contextlib.suppress(FileNotFoundError):
                 wal.unlink()  # atomic_path removes the database itself
             raise
-    return ExportResult(dest, counts, dest.stat().st_size, time.perf_counter() - t0, written)
+        size = tmp.stat().st_size  # the destination may be replaced only when the command's outputs are all done
+    return ExportResult(dest, counts, size, time.perf_counter() - t0, written)
+
+
+def parquet_files(parquet_dir: str | os.PathLike, whatif: bool = False) -> list[Path]:
+    """The files ``export_database(..., parquet_dir=...)`` writes (every table, and the
+    ``whatif`` table when one is loaded), for checking them before the export runs."""
+    names = list(TABLES) + ([WHATIF_TABLE[0]] if whatif else [])
+    return [Path(parquet_dir) / f"{name}.parquet" for name in names]
 
 
 def _write_parquet(con, counts: dict, out_dir: Path) -> list[Path]:

@@ -1,22 +1,37 @@
-"""Atomic output files and result-table writers.
+"""Atomic output files, the output checks of a run, and result-table writers.
 
 Every file kvtrace writes goes through :func:`atomic_path`: the content is written to
 a temporary file in the destination directory, flushed to disk, then renamed over the
 destination. A failure or an interrupt leaves the previous file untouched and no
 temporary file behind; on Linux the temporary file has no name until it is complete,
-so even a process killed outright (SIGKILL) leaves none.
+so even a process killed outright (SIGKILL) leaves none, with one exception: a kill
+that lands between the two system calls that replace an *existing* file (``linkat``
+of the finished file to a hidden name, then ``rename`` onto the destination) leaves
+that complete hidden copy, ``.NAME.HOST-PID.RANDOM.tmp``, which the next write to the
+same destination removes. A new destination is linked in one call and leaves nothing.
+
+A command's outputs form one unit (:func:`output_transaction`): :func:`check_outputs`
+refuses, before any work, an output that is an input (same file through symlinks and
+hard links, or a file inside an input directory), two outputs at one path, and a
+destination that cannot be written; the files are then written to temporary files and
+replace their destinations together, only once every one is complete. A replaced
+file keeps its permission bits (and, for root, its owner).
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import errno
 import json
 import os
+import signal
 import socket
+import stat
 import tempfile
+import threading
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Mapping
 
 import polars as pl
 
@@ -58,15 +73,20 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, *, named: bo
     if not directory.is_dir():
         raise KvtraceError("is not a directory", path=str(directory))
     remove_stale_temps(dest)
+    staged = _STAGED.get()
     fd = None if named else _anonymous_file(directory)
     if fd is not None:
         try:
             yield Path(f"/proc/self/fd/{fd}")
             os.fsync(fd)
-            _link_into_place(fd, dest)
-        finally:
+        except BaseException:
             os.close(fd)
-        _fsync_directory(directory)
+            raise
+        pending = _Pending(dest, fd=fd)
+        if staged is not None:
+            staged.append(pending)
+        else:
+            pending.commit()
         return
     try:
         fd, tmp = tempfile.mkstemp(
@@ -82,12 +102,112 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, *, named: bo
         with open(tmp_path, "rb+") as fh:
             os.fsync(fh.fileno())
         os.chmod(tmp_path, 0o666 & ~_umask())  # mkstemp makes 0600; outputs get normal modes
-        os.replace(tmp_path, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
-    _fsync_directory(directory)
+    pending = _Pending(dest, tmp=tmp_path)
+    if staged is not None:
+        staged.append(pending)
+    else:
+        pending.commit()
+
+
+#: the outputs of the current :func:`output_transaction`, written and waiting to replace their destinations
+_STAGED: contextvars.ContextVar[list | None] = contextvars.ContextVar("kvtrace_staged_outputs", default=None)
+
+
+class _Pending:
+    """A complete, flushed temporary file waiting to replace ``dest``: an unnamed
+    file (``fd``, Linux ``O_TMPFILE``) or a hidden named one (``tmp``)."""
+
+    def __init__(self, dest: Path, *, fd: int | None = None, tmp: Path | None = None) -> None:
+        self.dest, self.fd, self.tmp = dest, fd, tmp
+
+    def commit(self) -> None:
+        """Give the file its destination's name (keeping the mode of a file replaced)."""
+        directory = self.dest.parent if str(self.dest.parent) else Path(".")
+        try:
+            _keep_attributes(self.dest, fd=self.fd, path=self.tmp)
+            if self.fd is not None:
+                _link_into_place(self.fd, self.dest)
+            else:
+                os.replace(self.tmp, self.dest)
+        finally:
+            self.discard()
+        _fsync_directory(directory)
+
+    def discard(self) -> None:
+        """Drop the temporary file (a no-op once committed)."""
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            os.close(fd)
+        elif self.tmp is not None:
+            tmp, self.tmp = self.tmp, None
+            with contextlib.suppress(FileNotFoundError):
+                tmp.unlink()
+
+
+@contextlib.contextmanager
+def output_transaction() -> Iterator[None]:
+    """Make the files written inside the block (through :func:`atomic_path`) replace
+    their destinations together, once the block ends without an exception.
+
+    Until then each output is a complete temporary file; an exception (a later output
+    that fails, an interrupt) discards them all and leaves every destination as it
+    was. The replacements run with SIGINT and SIGTERM held back (in the main thread),
+    so an interrupt cannot land between two of them. A block inside another one joins
+    it.
+    """
+    if _STAGED.get() is not None:
+        yield
+        return
+    pending: list[_Pending] = []
+    token = _STAGED.set(pending)
+    try:
+        yield
+    except BaseException:
+        _STAGED.reset(token)
+        for p in pending:
+            p.discard()
+        raise
+    _STAGED.reset(token)
+    held = threading.current_thread() is threading.main_thread() and hasattr(signal, "pthread_sigmask")
+    if held:
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        for i, p in enumerate(pending):
+            try:
+                p.commit()
+            except BaseException:
+                for rest in pending[i + 1:]:
+                    rest.discard()
+                raise
+    finally:
+        if held:
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _keep_attributes(dest: Path, *, fd: int | None, path: Path | None) -> None:
+    """Give the new file the permission bits (and, as root, the owner) of the regular
+    file it replaces; a new destination keeps the mode the umask gave it."""
+    try:
+        st = os.stat(dest)
+    except OSError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        return
+    mode = stat.S_IMODE(st.st_mode)
+    if fd is not None:
+        os.fchmod(fd, mode)
+    else:
+        os.chmod(path, mode)
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        with contextlib.suppress(OSError):
+            if fd is not None:
+                os.fchown(fd, st.st_uid, st.st_gid)
+            else:
+                os.chown(path, st.st_uid, st.st_gid)
 
 
 def _anonymous_file(directory: Path) -> int | None:
@@ -107,9 +227,20 @@ def _anonymous_file(directory: Path) -> int | None:
 def _link_into_place(fd: int, dest: Path) -> None:
     """Give the unnamed file ``fd`` the name ``dest`` (replacing any file there).
 
-    ``linkat`` cannot replace a file, so the file gets a temporary name first and
-    is renamed onto ``dest``: the only moment a kill can leave a temporary file."""
+    A new destination is linked in one call (``linkat``), which leaves nothing behind
+    whenever a kill lands. ``linkat`` cannot replace a file, so an existing one is
+    replaced by linking to a hidden temporary name and renaming that onto ``dest``:
+    a kill between those two calls is the only moment a temporary file is left."""
     directory = dest.parent if str(dest.parent) else Path(".")
+    dfd = os.open(directory, os.O_RDONLY)
+    try:
+        # follow_symlinks with a dir fd makes Python call linkat(AT_SYMLINK_FOLLOW)
+        os.link(f"/proc/self/fd/{fd}", dest.name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=True)
+        return
+    except FileExistsError:
+        pass
+    finally:
+        os.close(dfd)
     for _ in range(100):
         tmp = directory / f"{_temp_prefix(dest.name)}{_owner()}.{os.urandom(4).hex()}.tmp"
         try:
@@ -130,6 +261,114 @@ def _link_into_place(fd: int, dest: Path) -> None:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((name for test, name in _KINDS if test(mode)), "not a regular file")
+
+
+def _option(name: str) -> str:
+    return name if name.startswith("-") or name.isupper() else f"--{name}"
+
+
+def check_outputs(outputs: Mapping[str, object], inputs: Mapping[str, object] | None = None) -> None:
+    """Refuse, before any work, outputs that would lose data or cannot be written.
+
+    Raises :class:`~kvtrace.errors.UsageError` (one line, exit 2) naming the output
+    and the option that gave it when an output
+
+    * is the same file as an input: same device and inode (so through symlinks and
+      hard links), or a path inside an input directory (a directory of shards);
+    * is the same file as another output of the run (same resolved path or inode);
+    * is empty, an existing directory, device, pipe or socket (replacing it would
+      replace that node), or lies in a directory that does not exist or cannot be
+      written.
+
+    Parameters
+    ----------
+    outputs : mapping
+        Option name (``out``, ``--plot``, ...) -> path, a list of paths (a directory
+        output's files), ``None`` (not given) or ``"-"`` (standard output).
+    inputs : mapping, optional
+        Option or argument name (``TRACE``, ``--config``, ...) -> path or ``None``.
+    """
+    files: list[tuple[str, str]] = []
+    for name, value in outputs.items():
+        for path in (value if isinstance(value, (list, tuple)) else [value]):
+            if path is None or str(path) == "-":
+                continue
+            files.append((_option(name), os.fspath(path)))
+    if not files:
+        return
+    identities: dict[tuple[int, int], str] = {}
+    directories: list[tuple[str, str]] = []
+    for name, value in (inputs or {}).items():
+        if value is None or not str(value):
+            continue
+        p = os.fspath(value)
+        try:
+            st = os.stat(p)
+        except OSError:
+            continue  # a missing input is the reader's error, with its own message
+        identities[(st.st_dev, st.st_ino)] = name
+        if stat.S_ISDIR(st.st_mode):
+            directories.append((name, os.path.realpath(p)))
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(p):
+                    with contextlib.suppress(OSError):
+                        est = entry.stat()
+                        identities.setdefault((est.st_dev, est.st_ino), name)
+    seen: dict[object, tuple[str, str]] = {}
+    for name, path in files:
+        if not path.strip():
+            raise UsageError("expected a file name, got an empty string", field=name.lstrip("-"))
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):  # the directory checks below say which
+            st = None
+        except OSError as exc:
+            raise UsageError(f"cannot use as an output: {exc.strerror or exc}", path=path,
+                             field=name.lstrip("-")) from None
+        real = os.path.realpath(path)
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"is {_kind(st.st_mode)}: expected a regular file to write (an output replaces "
+                             "the file at its path)", path=path, field=name.lstrip("-"))
+        if st is not None and (st.st_dev, st.st_ino) in identities:
+            source = identities[(st.st_dev, st.st_ino)]
+            raise UsageError(f"is the input {source}: an output never replaces an input; choose another file",
+                             path=path, field=name.lstrip("-"))
+        for source, root in directories:
+            if os.path.commonpath([root, real]) == root:
+                raise UsageError(f"lies inside the input directory {source}: an output never goes into an "
+                                 "input; choose another place", path=path, field=name.lstrip("-"))
+        for key in (real, (st.st_dev, st.st_ino) if st is not None else None):
+            if key is not None and key in seen and seen[key][0] != name:
+                raise UsageError(f"is also the {seen[key][0]} output of this run: give each output its own file",
+                                 path=path, field=name.lstrip("-"))
+            if key is not None:
+                seen.setdefault(key, (name, path))
+        directory = os.path.dirname(path) or "."
+        if not os.path.exists(directory):
+            raise UsageError("the output's directory does not exist", path=path, field=name.lstrip("-"))
+        if not os.path.isdir(directory):
+            raise UsageError("the output's directory is not a directory", path=path, field=name.lstrip("-"))
+        if not os.access(directory, os.W_OK | os.X_OK):
+            raise UsageError("the output's directory is not writable", path=path, field=name.lstrip("-"))
+
+
+def check_json_target(path: str | None, field: str = "json") -> None:
+    """``--json`` takes ``-`` (standard output) or a ``.json`` file, like ``--out``'s suffix check."""
+    if path is None or path == "-":
+        return
+    suffix = Path(path).suffix
+    if suffix.lower() != ".json":
+        found = f"suffix '{suffix}'" if suffix else "no suffix"
+        raise UsageError(f"unsupported JSON file ({found}): expected a .json file or - (standard output)",
+                         path=path, field=field)
 
 
 def _temp_prefix(name: str) -> str:
