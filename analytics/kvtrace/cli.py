@@ -1408,22 +1408,26 @@ def _render_size(trace_path: Path, result) -> None:
     titles = {"same-slo": f"same SLO ({cfg.slo_text()}): cheapest configuration per candidate",
               "same-capacity": f"same capacity ({format_bytes(info['same_capacity_bytes'])} in total)",
               "same-budget": f"same budget ({_money(info['budget_monthly_usd'])}/month)"}
+    rec = result.recommendation
+    # the verdict comes first: a recommendation, or that no configuration meets the constraints
+    console.print(rec.headline, style="bold", markup=False, soft_wrap=True)
     for lens in LENSES:
         t = Table(title=f"{trace_path.name}: {titles[lens]}")
         for h in ("#", "candidate", "configuration", "admission", "DRAM", "flash", "mean", "P99", "$/month", "net/month",
-                  "break-even", "DWPD", "ok"):
+                  "break-even", "DWPD", "ok", "short by"):
             t.add_column(h, justify="left" if h in ("candidate", "configuration", "admission") else "right")
         for r in result.candidates.filter(result.candidates["lens"] == lens).sort("rank").iter_rows(named=True):
             t.add_row(str(r["rank"]), CANDIDATE_TEXT[r["candidate"]], r["config"] or "-", r["policy"] or "-",
                       _fmt_rate(r["h_dram"]), _fmt_rate(r["h_flash"]), ms(r["mean_ms"]), ms(r["p99_ms"]),
                       _money(r["monthly_cost_usd"]), signed(r["net_monthly_usd"]),
                       _fmt_rate(r["break_even_realisation"]), "-" if r["dwpd"] is None else f"{r['dwpd']:,.2f}",
-                      "yes" if r["feasible"] else "no", style=None if r["feasible"] else "dim")
+                      "yes" if r["feasible"] else "no", r["shortfalls"] or "", style=None if r["feasible"] else "dim")
         console.print(t)
-    rec = result.recommendation
-    head = CANDIDATE_TEXT[rec.candidate] + (f" ({rec.config}" + (f", admission {rec.policy}" if rec.policy else "")
-                                             + ")" if rec.config else "")
-    console.print(f"recommendation: {head}", style="bold", markup=False, soft_wrap=True)
+    if rec.needed:
+        console.print("what would meet them:", style="bold")
+        for line in rec.needed:
+            console.print(f"  - {line}", markup=False, soft_wrap=True)
+    console.print("why:" if rec.feasible else "the closest configuration:", style="bold")
     for line in rec.reasons:
         console.print(f"  - {line}", markup=False, soft_wrap=True)
     console.print("risks:", style="bold")

@@ -67,7 +67,8 @@ Candidates table (:attr:`SizingResult.candidates`, one row per candidate x lens)
 candidate                      ``keep-dram``, ``expand-dram``, ``add-local-ssd``,
                                ``add-shared-flash``, ``dram+flash``, ``recompute-only``
 lens                           ``same-slo``, ``same-capacity``, ``same-budget``
-rank                           1 = best in its lens (feasible first, then net benefit, then cost)
+rank                           1 = best in its lens: feasible rows first (net benefit, then cost),
+                               then infeasible ones by shortfall (closest first)
 config                         label of the tier configuration (None: not applicable)
 policy                         flash admission policy chosen (None without flash)
 nodes                          nodes of the deployment
@@ -99,7 +100,13 @@ bandwidth_headroom             min over tiers of deliverable / need (peak window
 dwpd, endurance_dwpd           drive writes per day (simulated) and the tier's rating
 dwpd_headroom                  endurance / DWPD
 meets_slo                      mean and P99 within the SLO targets
-feasible                       meets the SLO, bandwidth and endurance
+feasible                       meets the SLO, bandwidth and endurance (all hard constraints)
+shortfall                      normalised shortfall: the largest excess of a failed constraint
+                               over its limit, as a share of the limit (0.25: 25 % over; 0
+                               when feasible): mean / target - 1, P99 / target - 1, DRAM
+                               reads / DRAM bandwidth - 1, peak flash reads / flash
+                               bandwidth - 1, DWPD / rating - 1
+shortfalls                     each failed constraint with its excess, e.g. "P99 +146.0 %"
 reasons                        why not feasible or not applicable, and notes ("; "-separated)
 est_mean_ms, est_p99_ms        the search's estimate for the configuration (admit-all)
 =============================  ===============================================================
@@ -800,6 +807,19 @@ def _response(config: SizingConfig, gpu, flash_tier: str | None):
                          recompute_flops_per_s=gpu.effective_flops)
 
 
+_TIER_TEXT = {"dram": "DRAM", "local_ssd": "local SSD", "shared_flash": "shared flash"}
+
+#: constraint key of a shortfall -> how the output names it
+SHORTFALL_TEXT = {"slo_mean": "mean", "slo_p99": "P99", "dram_bandwidth": "DRAM bandwidth",
+                  "flash_bandwidth": "flash bandwidth", "endurance": "endurance (DWPD)"}
+
+
+def _shortfall_text(short: dict[str, float]) -> str:
+    """``P99 +146.0 %, endurance (DWPD) +12.5 %``: each failed constraint's excess over its limit."""
+    return ", ".join(f"{SHORTFALL_TEXT[k]} " + ("+inf" if math.isinf(v) else f"+{100 * v:,.1f} %")
+                     for k, v in short.items())
+
+
 def _label(config: SizingConfig, p: _Point) -> str:
     parts = [f"DRAM {format_bytes(p.dram)}" + (f"/node x {config.nodes}" if config.nodes > 1 else "")]
     if p.local:
@@ -835,6 +855,19 @@ class Recommendation:
         Key figures (the candidate's table row, plus before/after).
     whatif_command : str
         A ``kvtrace whatif`` command that replays the chosen configuration.
+    feasible : bool
+        Whether it meets every constraint (SLO, bandwidth, endurance). When False no
+        candidate does: ``candidate`` is the closest one (smallest normalised
+        shortfall), not a recommendation, and :attr:`headline` says so.
+    headline : str
+        The verdict's first line: ``recommendation: ...`` or ``no configuration meets ...``.
+    shortfalls : dict
+        Failed constraint -> its excess over the limit as a share of it (empty when
+        feasible; keys of :data:`SHORTFALL_TEXT`).
+    needed : list of str
+        When infeasible, what would meet the constraints (estimated on the curves):
+        the DRAM capacity that meets the SLO, or that no size can; the flash latency,
+        endurance rating or bandwidth the closest configuration would need.
     """
 
     candidate: str
@@ -845,6 +878,10 @@ class Recommendation:
     risks: list
     figures: dict
     whatif_command: str
+    feasible: bool = True
+    headline: str = ""
+    shortfalls: dict = field(default_factory=dict)
+    needed: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -891,6 +928,7 @@ class SizingResult:
         return {
             "config": self.config.to_dict(),
             "info": self.file_info(),
+            "feasible": self.recommendation.feasible,
             "recommendation": self.recommendation.to_dict(),
             "candidates": self.candidates.to_dicts(),
             "costs": self.costs,
@@ -912,7 +950,8 @@ _COLUMNS = {
     "flash_read_peak_bytes_per_s": pl.Float64, "flash_bandwidth_bytes_per_s": pl.Float64,
     "dram_read_mean_bytes_per_s": pl.Float64, "dram_bandwidth_bytes_per_s": pl.Float64,
     "bandwidth_headroom": pl.Float64, "dwpd": pl.Float64, "endurance_dwpd": pl.Float64,
-    "dwpd_headroom": pl.Float64, "meets_slo": pl.Boolean, "feasible": pl.Boolean, "reasons": pl.String,
+    "dwpd_headroom": pl.Float64, "meets_slo": pl.Boolean, "feasible": pl.Boolean, "shortfall": pl.Float64,
+    "shortfalls": pl.String, "reasons": pl.String,
     "est_mean_ms": pl.Float64, "est_p99_ms": pl.Float64,
 }
 _SEARCH_COLUMNS = {
@@ -988,6 +1027,24 @@ class _Sizer:
             return True
         rated = self.config.tiers[t].endurance_dwpd
         return rated is None or dwpd <= rated
+
+    def shortfalls(self, p: _Point, sim: dict, dram_bw, flash_bw, rated) -> dict[str, float]:
+        """Each failed constraint's excess over its limit, as a share of the limit
+        (:data:`SHORTFALL_TEXT` names them); empty when every constraint holds. A
+        configuration with no measured requests misses the SLO by an infinite share."""
+        c, out = self.config, {}
+        for key, got, limit in (("slo_mean", sim["mean_ms"], c.slo_mean_ms), ("slo_p99", sim["p99_ms"], c.slo_p99_ms)):
+            if limit is not None and (got is None or got > limit):
+                out[key] = math.inf if got is None else got / limit - 1.0
+        dram_read = sim["dram_read_mean_bytes_per_s"]
+        if p.dram and dram_bw and dram_read and dram_read > dram_bw:
+            out["dram_bandwidth"] = dram_read / dram_bw - 1.0
+        flash_peak = sim["flash_read_peak_bytes_per_s"]
+        if p.flash_tier and flash_bw and flash_peak and flash_peak > flash_bw:
+            out["flash_bandwidth"] = flash_peak / flash_bw - 1.0
+        if p.flash_tier and rated and sim["dwpd"] is not None and sim["dwpd"] > rated:
+            out["endurance"] = sim["dwpd"] / rated - 1.0
+        return out
 
     def bandwidth_ok(self, p: _Point, bw: dict, dram_mean, flash_peak) -> bool:
         ok = dram_mean is None or p.dram == 0 or dram_mean <= bw.get("dram", math.inf)
@@ -1120,6 +1177,7 @@ class _Sizer:
         if not end_ok:
             reasons.append(f"writes {sim['dwpd']:,.1f} drive writes/day, above the {rated:g} DWPD rating")
         feasible = slo and bw_ok and end_ok
+        short = self.shortfalls(p, sim, dram_bw, flash_bw, rated)
         est = self.est(cand, p)
         row = {
             "candidate": cand, "lens": lens, "rank": None, "config": _label(c, p), "policy": sim["policy"],
@@ -1138,8 +1196,8 @@ class _Sizer:
             "bandwidth_headroom": min(heads) if heads else None, "dwpd": sim["dwpd"], "endurance_dwpd": rated,
             "dwpd_headroom": (rated / sim["dwpd"]) if (rated and sim["dwpd"]) else None,
             "meets_slo": slo, "feasible": feasible, "reasons": "; ".join(reasons) if reasons else None,
-            "est_mean_ms": est["mean_ms"], "est_p99_ms": est["p99_ms"],
-            "_checks": int(slo) + int(bw_ok) + int(end_ok),
+            "shortfall": max(short.values(), default=0.0), "shortfalls": _shortfall_text(short) or None,
+            "est_mean_ms": est["mean_ms"], "est_p99_ms": est["p99_ms"], "_shortfalls": short,
         }
         if cand == "keep-dram":
             row["break_even_realisation"] = None
@@ -1155,9 +1213,9 @@ class _Sizer:
                 seen.append(p)
         rows = [self.judge(cand, lens, self.sim(p, pol)) for p in seen for pol in pols]
         if lens == "same-slo":
-            key = lambda r: (r["feasible"], r["_checks"], -r["monthly_cost_usd"], r["net_monthly_usd"])  # noqa: E731
+            key = lambda r: (r["feasible"], -r["shortfall"], -r["monthly_cost_usd"], _net(r))  # noqa: E731
         else:
-            key = lambda r: (r["feasible"], r["_checks"], r["net_monthly_usd"], -r["monthly_cost_usd"])  # noqa: E731
+            key = lambda r: (r["feasible"], -r["shortfall"], _net(r), -r["monthly_cost_usd"])  # noqa: E731
         best = max(rows, key=key)
         best = self._policy_note(best, rows, pols)
         if lens == "same-slo" and not best["feasible"] and grow is not None:
@@ -1178,7 +1236,7 @@ class _Sizer:
                     best["reasons"] = "; ".join(filter(None, [best["reasons"], "stepped up the purchase grid: the "
                                                               "search's admit-all estimate missed a constraint"]))
                     break
-            if not best["feasible"] and last is not None and last["_checks"] >= best["_checks"]:
+            if not best["feasible"] and last is not None and last["shortfall"] <= best["shortfall"]:
                 best = last
                 best["reasons"] = "; ".join(filter(None, [best["reasons"], "infeasible at every size tried up to "
                                                           f"{best['config']}"]))
@@ -1205,7 +1263,7 @@ class _Sizer:
 def _not_applicable(cand: str, lens: str, why: str, nodes: int) -> dict:
     row = {k: None for k in _COLUMNS}
     row.update({"candidate": cand, "lens": lens, "nodes": nodes, "meets_slo": False, "feasible": False,
-                "reasons": f"not applicable: {why}", "_checks": -1})
+                "reasons": f"not applicable: {why}", "shortfall": None})
     return row
 
 
@@ -1306,6 +1364,7 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
         "slo": c.slo_text(), "same_capacity_bytes": target, "same_capacity_source": target_src,
         "budget_monthly_usd": budget, "budget_source": budget_src, "knee_95_bytes": knee_bytes,
         "ceiling_prefix_token_hit_rate": curve.ceiling.get("prefix_token_hit_rate"),
+        "distinct_bytes": curve.info.get("distinct_bytes"),
         "search_points": len(sz.search_rows), "search_sample_every": ev.sample_every,
         "replays": len(sz.sims), "eviction": c.eviction, "nodes": c.nodes, "routing": c.routing,
     }
@@ -1463,13 +1522,21 @@ def _same_budget(sz: _Sizer, budget: float) -> list[dict]:
     return rows
 
 
+def _net(r: dict) -> float:
+    return r["net_monthly_usd"] if r["net_monthly_usd"] is not None else -math.inf
+
+
 def _rank(rows: list[dict]) -> list[dict]:
-    """Feasible first, then net benefit, then cost; not-applicable rows last."""
+    """Feasible rows first (by net benefit, then cost); then the infeasible ones by
+    their normalised shortfall (the closest to meeting every constraint first), then
+    net benefit; not-applicable rows last. How many checks a row passes never ranks it:
+    a configuration 10 % over one limit is closer than one 900 % over a single limit."""
     def key(r):
         applicable = r["config"] is not None
-        net = r["net_monthly_usd"] if r["net_monthly_usd"] is not None else -math.inf
         cost = r["monthly_cost_usd"] if r["monthly_cost_usd"] is not None else math.inf
-        return (not applicable, not r["feasible"], -r.get("_checks", 0), -net, cost, CANDIDATES.index(r["candidate"]))
+        short = r["shortfall"] if r.get("shortfall") is not None else math.inf
+        return (not applicable, not r["feasible"], 0.0 if r["feasible"] else short, -_net(r), cost,
+                CANDIDATES.index(r["candidate"]))
 
     out = sorted(rows, key=key)
     for i, r in enumerate(out, 1):
@@ -1539,13 +1606,25 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
     pol = f", admission {top['policy']}" if top["policy"] else ""
     reasons: list[str] = []
     risks: list[str] = []
+    needed: list[str] = []
     if top["feasible"]:
         checks = "the read bandwidth" + (" and the flash endurance" if top["dwpd"] is not None else "")
         reasons.append(f"{name} ({top['config']}{pol}) is the best candidate meeting the SLO ({c.slo_text()}): "
                        f"mean {_msf(top['mean_ms'])}, P99 {_msf(top['p99_ms'])}, within {checks}.")
+        headline = f"recommendation: {name}" + (f" ({top['config']}{pol})" if top["config"] else "")
     else:
+        applicable = [r for r in slo_rows if r["config"] is not None]
+        if applicable and all(not r["meets_slo"] for r in applicable):
+            what = f"the SLO {c.slo_text()}"
+        else:
+            what = f"every constraint (the SLO {c.slo_text()}, the read bandwidth and the endurance ratings)"
+        headline = (f"no configuration meets {what}: closest is {name}"
+                    + (f" ({top['config']}{pol})" if top["config"] else "")
+                    + f", short by {top['shortfalls'] or 'an unknown margin'}")
         reasons.append(f"No candidate meets every constraint (SLO {c.slo_text()}, bandwidth, endurance); the "
-                       f"closest is {name} ({top['config']}{pol}): {top['reasons']}.")
+                       f"closest, by normalised shortfall (the largest excess of a failed constraint over its "
+                       f"limit), is {name} ({top['config']}{pol}): {top['reasons']}.")
+        needed = _needed(sz, top, info)
     be = top["break_even_realisation"]
     be_text = ("" if be is None else "; it pays at any realisation ratio" if be == 0 else
                f"; it breaks even at a realisation ratio of {_pct(be)}")
@@ -1643,7 +1722,87 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
                     "before_config": keep["config"], "knee_95_bytes": info["knee_95_bytes"]})
     command = (_whatif_command(sz, top, trace_name) if top["config"] is not None else "")
     return Recommendation(top["candidate"], "same-slo", top["config"], top["policy"], reasons, risks, figures,
-                          command)
+                          command, feasible=bool(top["feasible"]), headline=headline,
+                          shortfalls=dict(top.get("_shortfalls") or {}), needed=needed)
+
+
+def _bisect(lo: float, hi: float, ok: Callable[[float], bool], *, steps: int = 24) -> float:
+    """The smallest x in [lo, hi] with ``ok(x)`` (``ok`` monotone: false below, true
+    above; ``ok(hi)`` true), to a relative precision of about 2**-steps (geometric on
+    a positive range)."""
+    for _ in range(steps):
+        mid = math.sqrt(lo * hi) if lo > 0 else (lo + hi) / 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def _needed(sz: _Sizer, top: dict, info: dict) -> list[str]:
+    """What would meet the constraints that no candidate meets, searched on the same
+    curves as the candidates (admit-all estimates, :class:`_Evaluator`).
+
+    * The SLO with DRAM alone: the smallest DRAM per node meeting it (bisection on the
+      estimate, which is monotone in capacity), or, when even a DRAM holding every
+      distinct block misses it, that no cache size can: the reuse ceiling is too low.
+    * The closest configuration's flash: the restore latency at which it meets the SLO
+      (bisection on the flash tier's fixed latency), the DWPD rating its writes need
+      (or the larger pool that would bring them under the rating), the read bandwidth
+      its peak window needs.
+    """
+    c, ev, out = sz.config, sz.ev, []
+    short = top.get("_shortfalls") or {}
+    slo_missed = "slo_mean" in short or "slo_p99" in short
+    resp = sz.responses[None]
+    meets = lambda e: sz.meets_slo(e["mean_ms"], e["p99_ms"])  # noqa: E731
+    distinct = int(info.get("distinct_bytes") or 0)
+    if slo_missed and c.has_slo and distinct > 0:
+        full = ev.evaluate(_Point(distinct), resp)
+        if not meets(full):
+            ceiling = info["ceiling_prefix_token_hit_rate"] or 0.0
+            out.append(f"No cache size meets the SLO: with every distinct block in DRAM ({format_bytes(distinct)}"
+                       f"{' per node' if c.nodes > 1 else ''}) the estimate is still mean {_msf(full['mean_ms'])}, "
+                       f"P99 {_msf(full['p99_ms'])}, set by DRAM restores at {c.tiers['dram'].restore_gbps:g} GB/s "
+                       f"and the prefill of the {_pct(1.0 - ceiling)} of prompt tokens no cache can hold (the reuse "
+                       f"ceiling is {_pct(ceiling)}): it takes faster restores or prefill (GPU, MFU), or a looser SLO.")
+        else:
+            lo = max(float(c.current_dram_bytes), 1.0)
+            need = int(lo)
+            if not meets(ev.evaluate(_Point(need), resp)):
+                need = int(_bisect(lo, float(distinct), lambda x: meets(ev.evaluate(_Point(int(x)), resp)),
+                                   steps=20))
+            dram_max = c.tiers["dram"].max_bytes
+            beyond = f", beyond the configured DRAM maximum of {format_bytes(dram_max)}" if dram_max and need > dram_max \
+                else ""
+            out.append(f"DRAM alone meets the SLO from about {format_bytes(need)}{' per node' if c.nodes > 1 else ''}"
+                       f" (estimated on the curves, admit-all){beyond}.")
+    p = _Point(top["dram_bytes"] or 0, top["local_ssd_bytes"] or 0, top["flash_bytes"] or 0)
+    t = p.flash_tier
+    tier = _TIER_TEXT.get(t, "")
+    if t is not None and slo_missed:
+        base = sz.responses[t]
+        lat_ms = c.tiers[t].latency_ms
+        at = lambda ms: ev.evaluate(p, dataclasses.replace(base, flash_fixed_s=ms / 1e3))  # noqa: E731
+        if meets(at(0.0)):
+            ms = _bisect(0.0, lat_ms, lambda x: meets(at(x)), steps=30) if lat_ms > 0 else 0.0
+            out.append(f"At {top['config']} the SLO is met with a {tier} restore latency of "
+                       f"{ms:,.3g} ms or less (configured {lat_ms:g} ms; estimated on the curves).")
+        else:
+            out.append(f"At {top['config']} no {tier} latency meets the SLO (even 0 ms: estimated on "
+                       "the curves): it takes more capacity, restore bandwidth or faster prefill.")
+    if t is not None and "endurance" in short:
+        rated = c.tiers[t].endurance_dwpd
+        out.append(f"Its writes need a {tier} rated for {top['dwpd']:,.2f} drive writes/day "
+                   f"(configured {rated:g}), or about {top['dwpd'] / rated:,.2f}x the capacity at the same writes, "
+                   "or a stricter admission policy.")
+    if t is not None and "flash_bandwidth" in short:
+        out.append(f"Its peak {c.window_s:g} s window reads {_rate(top['flash_read_peak_bytes_per_s'])}: the "
+                   f"{tier} must deliver that (configured {_rate(top['flash_bandwidth_bytes_per_s'])}).")
+    if "dram_bandwidth" in short:
+        out.append(f"Its DRAM reads {_rate(top['dram_read_mean_bytes_per_s'])} on average: DRAM must deliver that "
+                   f"(configured {_rate(top['dram_bandwidth_bytes_per_s'])}).")
+    return out
 
 
 # =========================================================================== reports
@@ -1688,8 +1847,8 @@ def _blocks(result: SizingResult) -> list[tuple]:
             f"{c.routing} routing, {c.eviction} LRU",
             "Prices, power and speeds are the config's: the example file's numbers are illustrative, not quotes.",
         ]),
-        ("h2", f"Recommendation: {CANDIDATE_TEXT[rec.candidate]}"
-               + (f" ({rec.config}" + (f", admission {rec.policy}" if rec.policy else "") + ")" if rec.config else "")),
+        ("h2", rec.headline[:1].upper() + rec.headline[1:]),
+        *([("p", "What would meet them:"), ("ul", rec.needed)] if rec.needed else []),
         ("ul", rec.reasons),
         ("h3", "Risks"),
         ("ul", rec.risks),
