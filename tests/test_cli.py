@@ -418,6 +418,14 @@ def test_curve_json_stdout_gives_ceiling_and_knees(chat_trace):
         (m, f) for m in KNEE_METRICS for f in KNEE_FRACTIONS}
     assert data["knees"] == want.knees.to_dicts()
     assert data["info"]["measured_accesses"] == 32158 and data["info"]["approximate"] is False
+    assert data["rows"] == json.loads(json.dumps(want.curve.to_dicts()))  # the curve itself, not only its summary
+
+
+def test_curve_json_rows_equal_the_out_json_rows(tmp_path):
+    out = tmp_path / "c.json"
+    data = json.loads(ok(run("curve", MIXED, "--points", 20, "--by", "type", "--out", out, "--json", "-")))
+    assert data["rows"] == json.loads(out.read_text())["rows"] and data["rows"]
+    assert {r["group"] for r in data["rows"]} >= {"all"}
 
 
 def test_curve_json_file_and_table(tmp_path):

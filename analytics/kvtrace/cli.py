@@ -552,7 +552,7 @@ def curve(
     out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the curve table: .parquet, .csv or .json."),
     plot: Optional[Path] = typer.Option(None, "--plot", parser=_path, help="Write a chart: .html (self-contained), .png or .svg."),
     distances_out: Optional[Path] = typer.Option(None, "--distances-out", parser=_path, help="Write per-access distances (.parquet/.csv/.json) for SQL."),
-    json_out: Optional[str] = typer.Option(None, "--json", help="Write ceiling, knees and info as JSON ('-' = stdout only)."),
+    json_out: Optional[str] = typer.Option(None, "--json", help="Write the curve rows (as --out x.json), ceiling, knees and info as JSON ('-' = stdout only)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
@@ -626,17 +626,18 @@ def curve(
     elapsed = time.perf_counter() - t0
 
     meta = {"info": result.info, "ceiling": result.ceiling, "knees": result.knees.to_dicts()}
+    import polars as pl
+
+    table = result.curve
+    if result.by_group is not None:
+        table = pl.concat([result.curve.insert_column(0, pl.lit("all").alias("group")), result.by_group],
+                          how="diagonal_relaxed")
+    document = {**meta, "rows": table.to_dicts()} if json_out else None  # the rows of --out x.json, and the rest
     if json_out == "-":
-        _write_json("-", meta)
+        _write_json("-", document)
     else:
         _render_curve(trace_path, result, display, elapsed)
     if out is not None:
-        import polars as pl
-
-        table = result.curve
-        if result.by_group is not None:
-            table = pl.concat([result.curve.insert_column(0, pl.lit("all").alias("group")), result.by_group],
-                              how="diagonal_relaxed")
         write_table(table, out, metadata=meta)
     if plot is not None:
         from .charts import curve_chart, save_chart
@@ -647,7 +648,7 @@ def curve(
                     metadata={"eviction": dist.eviction, "kv_bytes_per_token": m.kv_bytes_per_token,
                               "cold": "inf", "model": m.name})
     if json_out and json_out != "-":
-        _write_json(json_out, meta)
+        _write_json(json_out, document)
     for label, p in (("curve", out), ("plot", plot), ("distances", distances_out), ("json", json_out)):
         if p is not None and p != "-":
             err_console.print(f"wrote {label}: {p}", markup=False)
