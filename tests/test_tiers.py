@@ -659,6 +659,13 @@ def test_config_and_policy_errors():
     assert str(parse_policy("second-hit")) == "freq>=2"
     assert parse_policy("idle<10min").param == 600.0
     assert parse_policy("group>=0.3", group_by="tenant").by == "tenant"
+    # spellings a shell leaves alone mean the same policy
+    for safe, usual in (("freq:3", "freq>=3"), ("idle:10min", "idle<10min"), ("value:-1.5", "value>=-1.5"),
+                        ("group:0.3", "group>=0.3"), ("group:tenant:0.25", "group:tenant>=0.25")):
+        assert parse_policy(safe) == parse_policy(usual), safe
+    for bad in ("freq:0", "idle:soon", "group:colour:0.5", "value:"):
+        with pytest.raises(UsageError):
+            parse_policy(bad)
     assert TierConfig("64GiB", flash_bytes="1TiB").dram_bytes == 64 * 2**30
     tr = make_trace([[0], [0]], [1])
     with pytest.raises(UsageError, match="value"):

@@ -212,8 +212,15 @@ def parse_policy(text: str, *, group_by: str = "type") -> Policy:
     ``idle<T`` (a duration: ``90s``, ``10min``) · ``value>=v`` ($, may be negative) ·
     ``reuse-oracle`` · ``tinylfu`` · ``group>=p`` / ``group:BY>=p`` (BY in type,
     tenant, turn, session-length; default ``group_by``).
+
+    Each comparison has a spelling a shell leaves alone (``>`` and ``<`` are
+    redirections there): ``freq:k``, ``idle:T``, ``value:v``, ``group:p`` and
+    ``group:BY:p`` mean the same as the forms above.
     """
     s = str(text).strip().lower().replace(" ", "")
+    m = re.fullmatch(r"(freq|idle|value|group(?::[a-z-]+)?):([^:<>=]+)", s)
+    if m and not (m.group(1) == "group" and re.fullmatch(r"[a-z-]+", m.group(2))):
+        s = m.group(1) + ("<" if m.group(1) == "idle" else ">=") + m.group(2)
     if s in ("all", "admit-all", "always"):
         return Policy("all")
     if s in ("none", "never"):
@@ -254,7 +261,8 @@ def parse_policy(text: str, *, group_by: str = "type") -> Policy:
         return Policy("group", p, by)
     raise UsageError(
         f"unknown admission policy '{text}': expected all, none, freq>=k, second-hit, prob:p, idle<T, "
-        "value>=v, reuse-oracle, tinylfu or group[:by]>=p",
+        "value>=v, reuse-oracle, tinylfu or group[:by]>=p (or, safe in a shell, freq:k, idle:T, value:v, "
+        "group[:by]:p)",
         field="policy",
     )
 
