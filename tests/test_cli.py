@@ -341,6 +341,16 @@ def test_models_json():
     assert "H100" in {g["name"] for g in data["gpus"]}
     small = json.loads(ok(run("models", "--block-tokens", "16", "--json", "-")))
     assert {m["name"]: m["bytes_per_block"] for m in small["models"]}["Llama-3.1-70B"] == 327680 * 16
+    # the attention family from the heads: 64 query heads over 8 KV heads is grouped-query
+    assert models["Llama-3.1-70B"]["attention"] == "gqa" and models["DeepSeek-V3"]["attention"] == "mla"
+    assert all(m["attention"] == ("mla" if m["name"] == "DeepSeek-V3" else "mha" if m["kv_heads"] == m["q_heads"]
+                                  else "mqa" if m["kv_heads"] == 1 else "gqa") for m in models.values())
+
+
+def test_models_table_says_tflops_not_raw_flops():
+    out = flat(ok(run("models")))
+    assert "peak TFLOP/s" in out and " 989 " in out and "989,000,000,000,000" not in out
+    assert " gqa " in out and " mha " not in out  # no preset has one KV head per query head
 
 
 # ------------------------------------------------------------------------ synth

@@ -428,16 +428,19 @@ def models(
         if json_out == "-":
             return
     t = Table(title=f"model presets (bytes per block at {block_tokens} tokens)")
+    heads = {"kv_bytes_per_token": "KV bytes/token", "bytes_per_block": "bytes/block", "active_params": "active params"}
     for c in mt.columns:
-        t.add_column(c, justify="left" if c in ("name", "attention", "dtype") else "right")
-    for row in mt.iter_rows():
-        t.add_row(*[_fmt_num(v) if isinstance(v, (int, float)) else str(v) for v in row])
+        t.add_column(heads.get(c, c), justify="left" if c in ("name", "attention", "dtype") else "right")
+    for r in mt.iter_rows(named=True):
+        t.add_row(*[f"{v / 1e9:,.1f} B" if c == "active_params" else _fmt_num(v) if isinstance(v, (int, float))
+                    else str(v) for c, v in r.items()])
     console.print(t)
-    g = Table(title="GPU presets (prices illustrative)")
-    for c in gt.columns:
-        g.add_column(c, justify="left" if c == "name" else "right")
-    for row in gt.iter_rows():
-        g.add_row(*[_fmt_num(v) if isinstance(v, (int, float)) else str(v) for v in row])
+    g = Table(title="GPU presets (dense BF16 peak; prices illustrative)")
+    for head in ("name", "peak TFLOP/s", "MFU", "effective TFLOP/s", "$/GPU-hour"):
+        g.add_column(head, justify="left" if head == "name" else "right")
+    for r in gt.iter_rows(named=True):
+        g.add_row(r["name"], f"{r['peak_flops'] / 1e12:,.0f}", f"{r['mfu']:g}", f"{r['effective_flops'] / 1e12:,.1f}",
+                  f"${r['dollars_per_hour']:,.2f}")
     console.print(g)
 
 

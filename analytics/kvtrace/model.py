@@ -869,6 +869,16 @@ def resolve_gpu(
 # --------------------------------------------------------------------------- tables
 
 
+def attention_family(m: "ModelSpec") -> str:
+    """``mha``, ``gqa``, ``mqa`` or ``mla``: how the model's query heads share KV heads
+    (``ModelSpec.attention`` only tells the cache layout: ``mha`` covers the first three)."""
+    if m.attention == "mla":
+        return "mla"
+    if m.kv_heads == m.q_heads:
+        return "mha"
+    return "mqa" if m.kv_heads == 1 else "gqa"
+
+
 def models_table(block_tokens: int = 512) -> pl.DataFrame:
     """The preset models as a table (``kvtrace models``).
 
@@ -880,7 +890,10 @@ def models_table(block_tokens: int = 512) -> pl.DataFrame:
     Returns
     -------
     polars.DataFrame
-        One row per preset: ``name`` str · ``attention`` str ("mha"/"mla") ·
+        One row per preset: ``name`` str · ``attention`` str (the family: "mha"
+        when every query head has its own KV head, "gqa" when groups of query heads
+        share one, "mqa" when all share one, "mla" for latent attention; see
+        :func:`attention_family`) ·
         ``layers``, ``q_heads``, ``kv_heads``, ``head_dim`` int64 · ``dtype`` str
         (element width) · ``kv_bytes_per_token`` int64 (bytes) · ``bytes_per_block``
         int64 (bytes per full block) · ``active_params`` float64 (parameters).
@@ -889,7 +902,7 @@ def models_table(block_tokens: int = 512) -> pl.DataFrame:
         raise UsageError(f"expected a positive integer, got {block_tokens!r}", field="block_tokens")
     rows = [
         {
-            "name": m.name, "attention": m.attention, "layers": m.layers, "q_heads": m.q_heads,
+            "name": m.name, "attention": attention_family(m), "layers": m.layers, "q_heads": m.q_heads,
             "kv_heads": m.kv_heads, "head_dim": m.head_dim, "dtype": m.dtype,
             "kv_bytes_per_token": m.kv_bytes_per_token,
             "bytes_per_block": m.bytes_per_block(int(block_tokens)),
