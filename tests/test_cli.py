@@ -121,6 +121,17 @@ def test_every_command_has_help(name):
         assert getattr(param, "help", None), f"{name}: {param.name} has no help text"
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_help_never_cuts_an_option_name(name):
+    """At 80 columns (a terminal, or a pipe) every option name is printed whole."""
+    out = ok(run(name, "--help", columns=80))
+    assert "…" not in "".join(line.split("│")[1][:45] for line in out.splitlines() if line.startswith("│ "))
+    for param in COMMANDS[name].params:
+        for opt in getattr(param, "opts", []) + getattr(param, "secondary_opts", []):
+            if opt.startswith("--"):
+                assert opt in out, f"{name}: {opt}"
+
+
 def documented_commands(text: str) -> set[str]:
     return set(re.findall(r"^#{2,4}\s+`kvtrace ([a-z][a-z-]*)`", text, flags=re.M))
 

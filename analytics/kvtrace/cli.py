@@ -59,6 +59,26 @@ class _OneLineUsageErrors(typer.core.TyperGroup):
         sys.exit(code if isinstance(code, int) and not isinstance(code, bool) else 0)
 
 
+def _keep_option_names_whole() -> None:
+    """``--help`` never cuts an option's name (``--kv-bytes-per-…`` at 80 columns and in
+    pipes): the columns of typer's option table that hold names and short flags take
+    their widest entry and do not wrap; the type and help columns give way instead."""
+    from rich.table import Table as RichTable
+    from typer import rich_utils
+
+    class _OptionsTable(RichTable):
+        def add_row(self, *renderables, **kwargs):
+            super().add_row(*renderables, **kwargs)
+            for column, cell in zip(self.columns[:-2], renderables[:-2]):  # all but the types and the help
+                plain = getattr(cell, "plain", str(cell))
+                column.min_width = max(column.min_width or 0, len(plain))
+                column.no_wrap = True
+
+    rich_utils.Table = _OptionsTable
+
+
+_keep_option_names_whole()
+
 app = typer.Typer(
     name="kvtrace",
     cls=_OneLineUsageErrors,
