@@ -1612,8 +1612,8 @@ def sql(
     tables, views and macros are those of `kvtrace export`.
     """
     from .export import is_database
-    from .sqlshell import (analyse_in_memory, example_by_name, open_database, output_format, repl, result_text,
-                           run_script, write_result)
+    from .sqlshell import (analyse_in_memory, example_by_name, has_dot_commands, open_database, output_format, repl,
+                           result_text, run_input, run_script, write_result)
 
     fmt_name = output_format(out_format.value if out_format else None, out)
     _check_paths({"out": out}, {"TRACE_OR_DB": target, "--file": file})
@@ -1670,7 +1670,11 @@ def sql(
             text, source = sys.stdin.read(), "stdin"
             if not text.strip():
                 raise UsageError("no query: give -c, -f or --example, or SQL on standard input", field="command")
-        results = run_script(con, text, source=source)
+        if has_dot_commands(text) and command is None:  # a script from a pipe or -f may use .tables, .schema, ...
+            results = run_input(con, text, lambda line: console.print(line, markup=False, highlight=False),
+                                source=source)
+        else:
+            results = run_script(con, text, source=source)
         if out is not None:
             if not results:
                 raise KvtraceError("nothing to write: the last statement returns no rows", path=str(out))

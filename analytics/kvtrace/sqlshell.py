@@ -17,6 +17,7 @@ import io
 import json
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -333,8 +334,49 @@ def _complete(text: str) -> bool:
     return last == ";" and not in_single and not in_double
 
 
-def _dot_command(con, line: str, show, say) -> bool:
-    """Run a dot command; True to leave."""
+def run_input(con, text: str, say: Callable[[str], None], *, source: str = "stdin") -> list[QueryResult]:
+    """Run SQL read from a pipe or file, with the prompt's dot commands (``.tables``,
+    ``.schema NAME``, ...) on lines of their own between statements, as a script: the
+    first error raises :class:`KvtraceError` naming ``source`` and the line. Returns
+    every result in order (the dot commands' included); ``.quit`` stops reading."""
+    results: list[QueryResult] = []
+    buffer: list[str] = []
+    start = 1
+
+    def flush(upto: int) -> None:
+        if any(line.strip() for line in buffer):
+            where = f"{source}:{start}" if start > 1 or upto > 1 else source
+            results.extend(run_script(con, "\n".join(buffer), source=where))
+        buffer.clear()
+
+    for lineno, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        if stripped.startswith(".") and not any(b.strip() for b in buffer):
+            buffer.clear()
+            if _dot_command(con, stripped, results.append, say, strict=True, source=f"{source}:{lineno}"):
+                return results
+            start = lineno + 1
+            continue
+        if not buffer:
+            start = lineno
+        buffer.append(line)
+        if _complete("\n".join(buffer)):
+            flush(lineno)
+    flush(len(text.splitlines()))
+    return results
+
+
+def has_dot_commands(text: str) -> bool:
+    """Whether a script holds a line that is a dot command (``.tables``)."""
+    return any(re.match(r"\.[a-z]+(\s|$)", line.strip()) for line in text.splitlines())
+
+
+def _dot_command(con, line: str, show, say, *, strict: bool = False, source: str = "input") -> bool:
+    """Run a dot command; True to leave. ``strict``: an error raises (a script) instead
+    of being said (the prompt)."""
+    if strict and line.split(" ", 1)[0] not in _DOT_COMMANDS:
+        raise KvtraceError(f"unknown command {line.split(' ', 1)[0]}: expected one of {', '.join(_DOT_COMMANDS)}",
+                           path=source)
     cmd, _, arg = line.partition(" ")
     arg = arg.strip()
     try:
@@ -375,5 +417,10 @@ def _dot_command(con, line: str, show, say) -> bool:
         else:
             say(f"unknown command {cmd}: .help lists them")
     except KvtraceError as exc:
+        if strict:
+            raise
         say(f"error: {exc.one_line()}")
     return False
+
+
+_DOT_COMMANDS = (".tables", ".schema", ".examples", ".example", ".read", ".help", ".quit", ".exit", ".q")
