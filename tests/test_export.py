@@ -414,6 +414,23 @@ def test_export_refuses_to_replace_a_file_that_is_not_a_database(trace, tmp_path
         export_database(trace, tmp_path / "no" / "x.duckdb")
 
 
+def test_export_parquet_creates_its_directory(tmp_path):
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    out = tmp_path / "tables"
+    chat = Path(__file__).resolve().parent.parent / "sample_traces" / "chat.jsonl"
+    res = CliRunner().invoke(app, ["export", str(chat), "--db", str(tmp_path / "c.duckdb"), "--parquet", str(out),
+                                   "--points", "10"])
+    assert res.exit_code == 0, res.stderr
+    assert (out / "requests.parquet").is_file() and (out / "knees.parquet").is_file()
+    res = CliRunner().invoke(app, ["export", str(chat), "--db", str(tmp_path / "d.duckdb"), "--parquet",
+                                   str(tmp_path / "no" / "tables")])
+    assert res.exit_code == 2 and "the output's directory does not exist" in res.stderr
+    assert not (tmp_path / "no").exists() and not (tmp_path / "d.duckdb").exists()
+
+
 def test_parquet_tables_work_with_the_sql_files(trace, tmp_path, db):
     out = tmp_path / "tables"
     out.mkdir()

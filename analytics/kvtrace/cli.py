@@ -1505,7 +1505,7 @@ def export(
     read_cost: Optional[float] = typer.Option(None, "--read-cost", help="Value: $ per TB read (default 0)."),
     occupancy_cost: Optional[float] = typer.Option(None, "--occupancy-cost", help="Value: $ per TB-month stored (default 20, illustrative)."),
     whatif: Optional[Path] = typer.Option(None, "--whatif", parser=_path, help="Also load a `kvtrace whatif --out` table as table whatif."),
-    parquet: Optional[Path] = typer.Option(None, "--parquet", parser=_path, help="Also write every table as DIR/TABLE.parquet (the sql/ views work over them)."),
+    parquet: Optional[Path] = typer.Option(None, "--parquet", parser=_path, help="Also write every table as DIR/TABLE.parquet (the sql/ views work over them); DIR is created if missing."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
@@ -1520,8 +1520,9 @@ def export(
     from .model import resolve_gpu
     from .value import parse_horizon
 
-    _check_paths({"db": db, "parquet": None if parquet is None else parquet_files(parquet, whatif is not None)},
-                 {"TRACE": trace_path, "--whatif": whatif})
+    # --parquet DIR: the table files when DIR exists, else DIR itself (created, like a file, in an existing directory)
+    tables = None if parquet is None else parquet_files(parquet, whatif is not None) if parquet.is_dir() else parquet
+    _check_paths({"db": db, "parquet": tables}, {"TRACE": trace_path, "--whatif": whatif})
     h = parse_horizon(horizon)
     costs = _export_costs(write_cost, read_cost, occupancy_cost)
     m = _model(model, kv_bytes_per_token, dtype)

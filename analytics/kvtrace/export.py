@@ -631,10 +631,13 @@ def export_database(
     if dest.exists() and not dest.is_dir() and not is_database(dest):
         raise KvtraceError("exists and is not a DuckDB database: refusing to replace it", path=str(dest))
     out_dir = None
-    if parquet_dir is not None:
+    if parquet_dir is not None:  # created when missing (its parent must exist), once the tables are built
         out_dir = Path(parquet_dir)
-        if not out_dir.is_dir():
-            raise KvtraceError("directory does not exist", path=str(out_dir))
+        if out_dir.exists() and not out_dir.is_dir():
+            raise KvtraceError("is not a directory", path=str(out_dir))
+        parent = out_dir.parent if str(out_dir.parent) else Path(".")
+        if not parent.is_dir():
+            raise KvtraceError("directory does not exist", path=str(parent))
     written: list[Path] = []
     with atomic_path(dest, suffix=".duckdb", named=True) as tmp:  # DuckDB adds its .wal next to it
         tmp.unlink()  # DuckDB makes its own file; an empty one is not a database
@@ -664,6 +667,7 @@ def parquet_files(parquet_dir: str | os.PathLike, whatif: bool = False) -> list[
 
 
 def _write_parquet(con, counts: dict, out_dir: Path) -> list[Path]:
+    out_dir.mkdir(exist_ok=True)
     written = []
     for name in counts:
         dest = out_dir / f"{name}.parquet"
