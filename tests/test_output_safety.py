@@ -309,6 +309,9 @@ def test_a_read_only_output_directory_is_refused_before_the_work(tmp_path, read_
     (["curve", "{t}", "--workers", "4"], "--workers applies only with --engine dask"),
     (["whatif", "{t}", "--dram", "1GiB", "--scheduler", "tcp://127.0.0.1:8786"],
      "--scheduler applies only with --engine dask"),
+    # a size without a unit (issue 18): it ran 64 bytes, not 64 GiB
+    (["curve", "{t}", "--capacity", "64"], "field 'capacity': '64' has no unit: write 64GiB, 64GB or 64B"),
+    (["whatif", "{t}", "--dram", "256"], "'256' has no unit: write 256GiB, 256GB or 256B"),
 ])
 def test_options_that_used_to_run_something_else_are_usage_errors(tmp_path, args, needle):
     t = tmp_path / "t.jsonl"

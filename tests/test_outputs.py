@@ -25,7 +25,7 @@ from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.canonical import requests_to_trace
 from kvtrace.outputs import atomic_path, table_format, write_json_atomic, write_table, write_text_atomic
 from kvtrace.trace import TraceMeta
-from kvtrace.units import format_bytes, format_seconds, parse_duration, parse_size, parse_sizes
+from kvtrace.units import format_bytes, format_seconds, parse_duration, parse_size, parse_sizes, size_text
 
 OLD = b"the previous output\n"
 
@@ -306,7 +306,6 @@ def test_parse_size_units_are_case_insensitive_and_may_follow_a_space():
     ("64GiB", 64 * 2**30),
     ("1.5TiB", 3 * 2**39),
     ("500GB", 500 * 10**9),
-    ("4096", 4096),
     ("4096B", 4096),
     ("  2 gib ", 2 * 2**30),
     ("1KiB", 1024),
@@ -320,7 +319,7 @@ def test_parse_size_units_are_case_insensitive_and_may_follow_a_space():
     ("0.5KiB", 512),
     ("1.1GiB", 1181116006),  # 1.1 x 2**30 = 1181116006.4, rounded down
     (".5MB", 500_000),
-    ("1e3", 1000),
+    ("1e3B", 1000),
     ("2E1KB", 20_000),
 ])
 def test_parse_size(text, value):
@@ -338,6 +337,23 @@ def test_parse_size_rejects(text):
     assert info.value.field == "dram"
     assert str(info.value).startswith("field 'dram': ")
     assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("text", ["64", "4096", " 1e3 ", "0.5"])
+def test_a_size_without_a_unit_is_refused(text):
+    with pytest.raises(UsageError) as info:
+        parse_size(text, field="capacity")
+    n = text.strip()
+    assert str(info.value) == f"field 'capacity': '{n}' has no unit: write {n}GiB, {n}GB or {n}B"
+
+
+@pytest.mark.parametrize("n", [1, 4097, 2**30, 448 * 2**30, 3840 * 10**9, 2**50, 3 * 2**39, 10**12 + 1])
+def test_size_text_reads_back_exactly(n):
+    assert parse_size(size_text(n)) == n
+
+
+def test_size_text_is_the_short_form():
+    assert [size_text(n) for n in (481036337152, 3840 * 10**9, 4097, 0)] == ["448GiB", "3840GB", "4097B", "0"]
 
 
 def test_parse_size_default_field_is_capacity():

@@ -362,7 +362,7 @@ def test_sample_trace_size_is_fast_and_consistent_with_whatif(tmp_path):
     assert (w["h_flash_token"] or 0) + (w["h_local_token"] or 0) == pytest.approx(f["h_flash"], rel=1e-12, abs=0)
     assert w["service_time_p99_s"] * 1e3 == pytest.approx(f["p99_ms"], rel=1e-12)
     # and the table's today row is what kvtrace whatif says of today's DRAM
-    today = whatif_figures(f"kvtrace whatif X --dram {64 * GiB}", CHAT)
+    today = whatif_figures("kvtrace whatif X --dram 64GiB", CHAT)
     assert today["service_time_p99_s"] * 1e3 == pytest.approx(f["before_p99_ms"], rel=1e-12)
     assert re.search(r"expand DRAM|add local SSD|add shared flash|DRAM \+ flash|keep DRAM|recompute only",
                      res.stdout)

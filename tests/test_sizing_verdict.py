@@ -98,6 +98,8 @@ def test_only_endurance_separates_two_candidates(cyclic):
     assert rec.feasible and rec.candidate == "add-shared-flash"
     assert rec.headline == f"recommendation: add shared flash ({shared['config']}, admission all)"
     assert rec.shortfalls == {} and rec.needed == []
+    # the replay command writes sizes with their units, exactly
+    assert " --dram 1GiB --flash 3GiB " in rec.whatif_command
 
 
 def test_a_feasible_recommendation_comes_first_in_the_cli(cyclic, tmp_path):

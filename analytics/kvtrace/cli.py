@@ -1074,6 +1074,13 @@ def whatif(
         trace = _load(trace_path, fmt, block_tokens, share_tenants,
                       workload="whatif-parallel" if parallel else "whatif")
     try:
+        from .whatif import has_session_ids
+
+        if any(c.nodes > 1 and c.routing == "session" for c in configs) and not has_session_ids(trace):
+            err_console.print(f"kvtrace: warning: {trace_path}: --routing session: the trace has no session ids, so "
+                              "each request is routed by a hash of its own id (a session's turns land on any node, "
+                              "as with random routing); --routing prefix keeps requests that share a first block on "
+                              "one node", markup=False, soft_wrap=True)
         _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
                     scheduler, out, plot, json_out)
     finally:

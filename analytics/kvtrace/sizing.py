@@ -137,7 +137,7 @@ import polars as pl
 
 from .errors import KvtraceError, UsageError
 from .estimate import HOURS_PER_MONTH, MonthlyCost, cost_benefit, monthly_cost
-from .units import format_bytes, parse_size
+from .units import format_bytes, parse_size, size_text
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -430,7 +430,7 @@ class SizingConfig:
                 v = getattr(self, attr)
                 if v is None:
                     continue
-                body[k] = _size_text(v) if kind in ("size", "size0") else list(v) if kind == "strlist" else v
+                body[k] = size_text(v) if kind in ("size", "size0") else list(v) if kind == "strlist" else v
             out[sec] = body
         out["tiers"] = {}
         for name, spec in self.tiers.items():
@@ -439,7 +439,7 @@ class SizingConfig:
                 v = getattr(spec, attr)
                 if v is None:
                     continue
-                body[k] = _size_text(v) if kind == "size" else v
+                body[k] = size_text(v) if kind == "size" else v
             out["tiers"][name] = body
         return out
 
@@ -515,17 +515,6 @@ def _value(v, kind: str, key: str, err):
     return v
 
 
-_SIZE_UNITS = (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
-               ("PB", 10**15), ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
-
-
-def _size_text(n: int) -> str:
-    """Exact size text, the shortest whole-number form: ``64GiB``, ``3840GB``, ``4097B``."""
-    n = int(n)
-    if n == 0:
-        return "0"
-    forms = [f"{n // scale}{unit}" for unit, scale in _SIZE_UNITS if n % scale == 0] + [f"{n}B"]
-    return min(forms, key=lambda s: (len(s.rstrip("BKMGTPi")), len(s)))
 
 
 def _toml_value(v) -> str:
@@ -1572,11 +1561,11 @@ def _whatif_command(sz: _Sizer, row: dict, trace_name: str) -> str:
     c, gpu = sz.config, sz.gpu
     p = _Point(row["dram_bytes"], row["local_ssd_bytes"], row["flash_bytes"])
     resp = sz.responses[p.flash_tier]
-    args = ["kvtrace", "whatif", trace_name, "--dram", str(p.dram)]
+    args = ["kvtrace", "whatif", trace_name, "--dram", size_text(p.dram)]
     if p.flash:
-        args += ["--flash", str(p.flash)]
+        args += ["--flash", size_text(p.flash)]
     if p.local:
-        args += ["--local-ssd", str(p.local)]
+        args += ["--local-ssd", size_text(p.local)]
     if p.flash_tier:
         args += ["--policy", row["policy"]]
     if c.nodes > 1:

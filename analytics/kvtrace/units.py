@@ -8,7 +8,7 @@ from fractions import Fraction
 
 from .errors import UsageError
 
-_BINARY = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
+_BINARY = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
            "k": 2**10, "ki": 2**10, "m": 2**20, "mi": 2**20, "g": 2**30, "gi": 2**30,
            "t": 2**40, "ti": 2**40, "p": 2**50, "pi": 2**50}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
@@ -16,15 +16,21 @@ _SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 
 
 def parse_size(text: str, *, field: str = "capacity") -> int:
-    """Parse a byte size: ``64GiB``, ``1.5TiB``, ``500GB``, ``4096`` (bytes).
+    """Parse a byte size: ``64GiB``, ``1.5TiB``, ``500GB``, ``4096B``.
 
     Binary units (KiB..PiB, and bare K/M/G/T/P) are powers of 1024; decimal units
-    (KB..PB) are powers of 1000. Returns whole bytes (rounded down).
+    (KB..PB) are powers of 1000; ``B`` is bytes. The unit is required: a bare number
+    (``64``) is refused rather than read as bytes, the mistake it nearly always is
+    (``--capacity 64`` meant 64 GiB). Case-insensitive, a space allowed before it.
+    Returns whole bytes (rounded down).
     """
     m = _SIZE_RE.match(str(text))
     if not m:
-        raise UsageError(f"expected a size such as 64GiB, 500GB or 4096, got '{text}'", field=field)
+        raise UsageError(f"expected a size such as 64GiB, 500GB or 4096B, got '{text}'", field=field)
     number, unit = float(m.group(1)), m.group(2).lower()
+    if not unit:
+        shown = str(text).strip()
+        raise UsageError(f"'{shown}' has no unit: write {shown}GiB, {shown}GB or {shown}B", field=field)
     if unit in _BINARY:
         scale = _BINARY[unit]
     elif unit in _DECIMAL:
@@ -40,6 +46,20 @@ def parse_size(text: str, *, field: str = "capacity") -> int:
     if exact >= 2**63:  # sizes are int64 bytes everywhere downstream
         raise UsageError(f"expected a size below 8 EiB (2**63 bytes), got '{text}'", field=field)
     return exact
+
+
+_SIZE_UNITS = (("PiB", 2**50), ("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10),
+               ("PB", 10**15), ("TB", 10**12), ("GB", 10**9), ("MB", 10**6), ("KB", 10**3))
+
+
+def size_text(n: int) -> str:
+    """The exact size as :func:`parse_size` reads it back, in its shortest whole-number
+    form: ``448GiB``, ``3840GB``, ``4097B`` (``0`` for zero, which options read as none)."""
+    n = int(n)
+    if n == 0:
+        return "0"
+    forms = [f"{n // scale}{unit}" for unit, scale in _SIZE_UNITS if n % scale == 0] + [f"{n}B"]
+    return min(forms, key=lambda s: (len(s.rstrip("BKMGTPi")), len(s)))
 
 
 def parse_sizes(text: str, *, field: str = "capacity") -> list[int]:

@@ -449,6 +449,14 @@ def route(trace: Trace, nodes: int, routing: str) -> np.ndarray:
     return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int32)
 
 
+def has_session_ids(trace) -> bool:
+    """Whether any request carries a session id (``--routing session`` needs them:
+    without, each request is routed by its own id, which spreads a session over the
+    nodes like random routing)."""
+    req = trace.requests
+    return "session_id" in req.columns and req["session_id"].null_count() < req.height
+
+
 def _first_blocks(trace) -> np.ndarray:
     """int64[R]: the first block of each request (-1 if empty); a streamed trace is
     read chunk by chunk."""
