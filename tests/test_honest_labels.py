@@ -36,3 +36,29 @@ def test_no_warning_where_it_does_not_apply():
                  (CHAT, "--dram", "1GiB", "--nodes", "2", "--routing", "round-robin")):
         res = run("whatif", *args, "--json", "-")
         assert res.exit_code == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_compare_local_rows_state_their_tiers_and_only_their_figures():
+    args = ("whatif", MIXED, "--dram", "1GiB", "--nodes", "4", "--local-ssd", "64GiB", "--compare-local")
+    configs = {c["config"]: c for c in json.loads(run(*args, "--json", "-").stdout)["configs"]}
+    res = run(*args)
+    assert res.exit_code == 0, res.stderr
+    rows: dict[str, list[str]] = {}
+    for line in (ln for ln in res.stdout.splitlines() if ln.startswith("│ ")):
+        cells = [c.strip() for c in line.split("│")[1:-1]]
+        if cells[0]:
+            key = cells[0]
+            rows[key] = cells[1:]
+        else:  # a wrapped cell goes on below its row
+            rows[key] = [" ".join(filter(None, (a, b))) for a, b in zip(rows[key], cells[1:])]
+    from kvtrace.units import format_bytes
+
+    local, shared = configs["local-ssd"], configs["shared-flash"]
+    # tiers, DRAM, SSD/flash, miss, compute saved, writes/day, DWPD, read mean, peak, ...
+    assert rows["local-ssd"][0] == "DRAM 1 GiB/node + local SSD 64 GiB/node x 4 nodes"
+    assert rows["local-ssd"][5] == format_bytes(local["local_write_bytes_per_day"]) != "0 B"
+    assert rows["local-ssd"][6] == f"{local['local_dwpd']:.2f}"
+    assert rows["local-ssd"][2] == f"{100 * local['h_local_token']:.2f}%"
+    assert rows["shared-flash"][0] == "DRAM 1 GiB/node + shared flash 256 GiB x 4 nodes"
+    assert rows["shared-flash"][5] == format_bytes(shared["flash_write_bytes_per_day"])
+    assert rows["shared-flash"][6] == f"{shared['flash_dwpd']:.2f}"

@@ -1148,21 +1148,32 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
 
 def _render_whatif(trace_path: Path, table, elapsed: float, n: int) -> None:
     t = Table(title=f"{trace_path.name}: tier what-ifs (usable-prefix token shares, unconditional)")
-    heads = ("config", "DRAM", "flash", "miss", "compute saved", "flash writes/day", "DWPD", "flash read mean",
+    heads = ("config", "tiers", "DRAM", "SSD/flash", "miss", "compute saved", "writes/day", "DWPD", "read mean",
              "peak", "promotions", "p50", "p99")
     for h in heads:
-        t.add_column(h, justify="left" if h == "config" else "right")
+        t.add_column(h, justify="left" if h in ("config", "tiers") else "right")
     ms = lambda x: "-" if x is None else f"{x * 1e3:,.1f} ms"  # noqa: E731
+    bw = lambda x: format_bytes(x) + "/s"  # noqa: E731
     for r in table.iter_rows(named=True):
-        flash_share = (r.get("h_flash_token") or 0.0) + (r.get("h_local_token") or 0.0)
-        bw = lambda x: "-" if x is None else format_bytes(x) + "/s"  # noqa: E731
-        dwpd = r.get("flash_dwpd") if r.get("flash_dwpd") is not None else r.get("local_dwpd")
+        # each row states its own configuration and only its own tiers' figures (local SSD, shared flash or both)
+        tiers = [(k, r.get(f"{k}_bytes") or 0) for k in ("local_ssd", "flash")]
+        own = [k for k, b in tiers if b]
+        per_node = "/node" if (r.get("nodes") or 1) > 1 else ""
+        label = " + ".join([f"DRAM {format_bytes(r['dram_bytes'])}{per_node}"]
+                           + [f"local SSD {format_bytes(b)}{per_node}" if k == "local_ssd" else
+                              f"shared flash {format_bytes(b)}" for k, b in tiers if b]) + (
+            f" x {r['nodes']} nodes" if (r.get("nodes") or 1) > 1 else "")
+        pre = {"local_ssd": "local", "flash": "flash"}
+        share = sum(r.get(f"h_{pre[k]}_token") or 0.0 for k in own)
+        writes = sum(r.get(f"{pre[k]}_write_bytes_per_day") or 0.0 for k in own)
+        dwpd = [r.get(f"{pre[k]}_dwpd") for k in own]
         t.add_row(
-            str(r["config"]), _fmt_rate(r.get("h_dram_token")), _fmt_rate(flash_share), _fmt_rate(r.get("miss_token")),
-            _fmt_rate(r.get("hit_rate_compute")),
-            "-" if r.get("flash_write_bytes_per_day") is None else format_bytes(r["flash_write_bytes_per_day"]),
-            "-" if dwpd is None else f"{dwpd:.2f}",
-            bw(r.get("flash_read_bytes_per_s_mean")), bw(r.get("flash_read_bytes_per_s_peak")),
+            str(r["config"]), label, _fmt_rate(r.get("h_dram_token")), _fmt_rate(share) if own else "-",
+            _fmt_rate(r.get("miss_token")), _fmt_rate(r.get("hit_rate_compute")),
+            format_bytes(writes) if own else "-",
+            " / ".join("-" if d is None else f"{d:.2f}" for d in dwpd) if own else "-",
+            bw(sum(r.get(f"{pre[k]}_read_bytes_per_s_mean") or 0.0 for k in own)) if own else "-",
+            " / ".join(bw(r.get(f"{pre[k]}_read_bytes_per_s_peak") or 0.0) for k in own) if own else "-",
             f"{r.get('promotions') or 0:,}", ms(r.get("service_time_p50_s")), ms(r.get("service_time_p99_s")),
         )
     console.print(t)
