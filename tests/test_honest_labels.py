@@ -62,3 +62,36 @@ def test_compare_local_rows_state_their_tiers_and_only_their_figures():
     assert rows["shared-flash"][0] == "DRAM 1 GiB/node + shared flash 256 GiB x 4 nodes"
     assert rows["shared-flash"][5] == format_bytes(shared["flash_write_bytes_per_day"])
     assert rows["shared-flash"][6] == f"{shared['flash_dwpd']:.2f}"
+
+
+def test_group_table_is_at_the_knee_itself_with_each_groups_true_ceiling():
+    """curve --by: the per-group rates at exactly the capacity where the whole trace
+    reaches 80 % of its ceiling, and each group's ceiling, checked against curves
+    evaluated at those capacities directly."""
+    import polars as pl
+
+    from kvtrace.curves import compute_curve
+    from kvtrace.ingest import load_trace
+
+    trace = load_trace(MIXED)
+    res = compute_curve(trace, by="type", points=20)
+    knee = res.knees.filter((pl.col("metric") == "prefix_token_hit_rate") & (pl.col("fraction") == 0.8))
+    knee_bytes = int(knee["capacity_bytes"][0])
+    gs = res.group_summary
+    assert gs["at_knee"].all() and (gs["capacity_bytes"] == knee_bytes).all()
+    at = compute_curve(trace, by="type", capacities=[knee_bytes]).by_group
+    big = compute_curve(trace, by="type", capacities=[res.info["distinct_bytes"]]).by_group  # holds every block
+    for r in gs.iter_rows(named=True):
+        ref = at.filter(pl.col("group") == r["group"]).row(0, named=True)
+        for k in ("request_hit_rate", "prefix_token_hit_rate", "compute_saved_rate"):
+            assert r[k] == ref[k], (r["group"], k)
+        top = big.filter(pl.col("group") == r["group"])["prefix_token_hit_rate"][0]
+        assert r["ceiling_prefix_token_hit_rate"] == top
+    # the old table showed the grid point below the knee and the rate at the largest capacity given
+    assert knee_bytes not in res.by_group["capacity_bytes"].to_list()
+
+
+def test_group_table_header_says_where_it_is():
+    res = run("curve", MIXED, "--by", "type", "--points", "20")
+    assert res.exit_code == 0, res.stderr
+    assert "the capacity reaching 80% of the overall ceiling" in " ".join(res.stdout.split())

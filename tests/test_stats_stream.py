@@ -278,7 +278,7 @@ def test_cli_stats_streams_by_itself_over_the_budget(mixed, monkeypatch, tmp_pat
     expected = json.loads(runner.invoke(app, ["stats", str(mixed), "--no-stream", "--json", "-"]).stdout)
     n = stream_mod.in_memory_estimate(mixed) // stream_mod.IN_MEMORY_BYTES_PER_ACCESS
     # between a curve's 80 and the stats' 134 bytes per access: a curve would not stream, stats does
-    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, str(100 * n))
+    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, f"{100 * n}B")
     assert not stream_mod.should_stream(mixed) and should_stream(mixed)
     res = runner.invoke(app, ["stats", str(mixed), "--json", "-"])
     assert res.exit_code == 0, (res.stdout, res.stderr, res.exception)

@@ -232,15 +232,15 @@ def test_when_to_stream(mixed, monkeypatch, tmp_path):
     est = in_memory_estimate(mixed)
     n = int(sum(load_trace(mixed).requests["block_ids"].list.len()))
     assert est == n * stream_mod.IN_MEMORY_BYTES_PER_ACCESS
-    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, str(est - 1))
+    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, f"{est - 1}B")
     assert should_stream(mixed)
-    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, str(est))
+    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, f"{est}B")
     assert not should_stream(mixed)
     assert should_stream(mixed, stream=True)
     assert not should_stream(mixed, stream=False)
     jsonl = tmp_path / "t.jsonl"
     jsonl.write_text('{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]}\n')
-    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, "1")
+    monkeypatch.setenv(stream_mod.MEMORY_BUDGET_ENV, "1B")
     assert not should_stream(jsonl)  # JSONL is read in memory
     with pytest.raises(UsageError, match="Parquet"):
         should_stream(jsonl, stream=True)

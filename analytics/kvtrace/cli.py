@@ -795,26 +795,21 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
 
 
 def _render_groups(result) -> None:
-    import polars as pl
-
-    bg = result.by_group
-    knees = result.knees.filter((pl.col("metric") == "prefix_token_hit_rate") & (pl.col("fraction") == 0.8))
-    ref = knees["capacity_bytes"][0] if knees.height else None
-    t = Table(title=f"by {result.info['by']} (shared cache; at the capacity reaching 80% of the overall ceiling)")
-    for c in ("group", "capacity", "requests", "prefix tokens", "compute saved", "ceiling (prefix tokens)"):
+    gs = result.group_summary
+    cap = gs["capacity_bytes"][0] if gs is not None and gs.height else None
+    if cap is None:
+        where = "(the overall ceiling is zero: no knee)"
+    elif gs["at_knee"][0]:
+        where = f"at {format_bytes(cap)}, the capacity reaching 80% of the overall ceiling"
+    else:
+        where = (f"at {format_bytes(cap)}, the largest capacity of the grid not above the knee reaching 80% of the "
+                 "overall ceiling")
+    t = Table(title=f"by {result.info['by']} (shared cache; {where})")
+    for c in ("group", "requests", "prefix tokens", "compute saved", "ceiling (prefix tokens)"):
         t.add_column(c, justify="left" if c == "group" else "right")
-    for name in result.info["groups"]:
-        rows = bg.filter(pl.col("group") == name)
-        if ref is not None:
-            at = rows.filter(pl.col("capacity_bytes") <= ref).tail(1)
-            at = at if at.height else rows.head(1)
-        else:
-            at = rows.tail(1)
-        r = at.row(0, named=True)
-        top = rows.tail(1).row(0, named=True)
-        t.add_row(name, format_bytes(r["capacity_bytes"]), _fmt_rate(r["request_hit_rate"]),
-                  _fmt_rate(r["prefix_token_hit_rate"]), _fmt_rate(r["compute_saved_rate"]),
-                  _fmt_rate(top["prefix_token_hit_rate"]))
+    for r in gs.iter_rows(named=True):
+        t.add_row(r["group"], _fmt_rate(r["request_hit_rate"]), _fmt_rate(r["prefix_token_hit_rate"]),
+                  _fmt_rate(r["compute_saved_rate"]), _fmt_rate(r["ceiling_prefix_token_hit_rate"]))
     console.print(t)
 
 

@@ -83,6 +83,10 @@ class CurveResult:
         ``capacity_tokens``: smallest capacity reaching ``fraction`` of the ceiling.
     info : dict
         Model, eviction, warm-up, counts, sampling and error estimate.
+    group_summary : polars.DataFrame or None
+        With ``by``: per group, the rates at the capacity where the whole trace reaches
+        80 % of its usable-prefix token ceiling, and the group's own ceiling
+        (:func:`_group_summary` states how exact each is).
     """
 
     curve: pl.DataFrame
@@ -90,6 +94,7 @@ class CurveResult:
     ceiling: dict
     knees: pl.DataFrame
     info: dict = field(default_factory=dict)
+    group_summary: pl.DataFrame | None = None
 
     @property
     def approximate(self) -> bool:
@@ -265,6 +270,7 @@ class _Evaluation:
     flops_hit: np.ndarray  # [n_rows, G]
     prefix_bytes_hit: np.ndarray  # [n_rows, G] block tokens of usable-prefix hits
     ceiling: dict  # name -> float (overall)
+    row_ceiling: dict  # name -> float64[n_rows]: the ceiling of each group (and of the whole trace, last)
     prefix_hist: np.ndarray  # [G + 2, 4] overall usable-prefix histogram
     request_keys: np.ndarray
     request_members: np.ndarray
@@ -299,7 +305,9 @@ def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b, passed=None) 
     all_any, all_pre, all_req = any_h[-1], pre_h[-1], rh[-1]
     crates, _ = _rates(all_any[: G + 1].sum(axis=0), all_any.sum(axis=0), all_pre[: G + 1].sum(axis=0),
                        all_pre.sum(axis=0), all_req[: G + 1].sum(), all_req.sum(), a, b)
-    return _Evaluation(rates, flops_hit, cum_pre[..., 2], {k: float(v) for k, v in crates.items()},
+    row_ceiling, _ = _rates(any_h[:, : G + 1].sum(axis=1), any_tot, pre_h[:, : G + 1].sum(axis=1), pre_tot,
+                            rh[:, : G + 1].sum(axis=1), req_tot, a, b)
+    return _Evaluation(rates, flops_hit, cum_pre[..., 2], {k: float(v) for k, v in crates.items()}, row_ceiling,
                        all_pre, rkeys, rmembers, rweights)
 
 
@@ -481,7 +489,44 @@ def compute_curve(
     knees = _knees(d, stream, s_first, B, grid, a_coef, b_coef, ev_all, bpt, passed)
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
     result.display = display
+    if by is not None:
+        result.group_summary = _group_summary(d, stream, s_first, B, s_group, names, grid, a_coef, b_coef, ev_all,
+                                              knees, bpt, passed)
     return result
+
+
+#: the share of the overall ceiling at which ``CurveResult.group_summary`` compares the groups
+GROUP_SUMMARY_FRACTION = 0.8
+
+
+def _group_summary(d, stream, s_first, B, s_group, names, grid, a, b, ev_all, knees, bpt, passed) -> pl.DataFrame:
+    """Per group: the rates at the capacity where the whole trace reaches
+    :data:`GROUP_SUMMARY_FRACTION` of its usable-prefix token ceiling (the knee, found
+    exactly), and each group's own ceiling (infinite cache).
+
+    With exact distances in memory the rates are evaluated at the knee capacity itself
+    (a one-point binning pass); a streamed, partitioned or sampled run has only its
+    grid, so its rates are those of the largest grid capacity not above the knee, and
+    ``capacity_bytes`` says which (``at_knee`` false).
+    """
+    sel = knees.filter((pl.col("metric") == HEADLINE) & (pl.col("fraction") == GROUP_SUMMARY_FRACTION))
+    knee = sel["capacity_tokens"][0] if sel.height else None
+    n = len(names)
+    if knee is None:
+        at, exact, rates = None, False, {k: np.full(n, np.nan) for k in RATE_COLUMNS}
+    elif passed is None:
+        one = _evaluate(d, stream, s_first, B, s_group, n, np.array([int(knee)], dtype=np.int64), a, b)
+        at, exact, rates = int(knee), True, {k: one.rates[k][:n, 0] for k in RATE_COLUMNS}
+    else:
+        gi = max(int(np.searchsorted(grid, int(knee), side="right")) - 1, 0)
+        at, exact, rates = int(grid[gi]), bool(grid[gi] == knee), {k: ev_all.rates[k][:n, gi] for k in RATE_COLUMNS}
+    out = {"group": names, "capacity_bytes": [None if at is None else at * bpt] * n,
+           "at_knee": [exact] * n}
+    for k in ("request_hit_rate", "prefix_token_hit_rate", "compute_saved_rate"):
+        out[k] = rates[k]
+    out["ceiling_prefix_token_hit_rate"] = ev_all.row_ceiling[HEADLINE][:n]
+    return pl.DataFrame(out, schema_overrides={"capacity_bytes": pl.Int64}).with_columns(
+        pl.col(pl.Float64).fill_nan(None))
 
 
 def _nan_none(x):
