@@ -95,3 +95,23 @@ def test_group_table_header_says_where_it_is():
     res = run("curve", MIXED, "--by", "type", "--points", "20")
     assert res.exit_code == 0, res.stderr
     assert "the capacity reaching 80% of the overall ceiling" in " ".join(res.stdout.split())
+
+
+def test_a_first_block_every_request_shares_is_pointed_out(tmp_path):
+    t = tmp_path / "sys.jsonl"
+    rows = [{"timestamp": i, "input_length": 1024, "output_length": 1, "hash_ids": [7, 100 + i % 5]}
+            for i in range(200)]
+    t.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run("curve", t)
+    assert res.exit_code == 0, res.stderr
+    assert ("note: every request starts with the same block (hash 7): the request hit rate is about that at every "
+            "capacity that holds one block and says nothing about sizing") in " ".join(res.stdout.split())
+    info = json.loads(run("curve", t, "--json", "-").stdout)["info"]
+    assert info["shared_first_block"] == {"hash": 7, "share": 1.0}
+    # 198 of 200 (99 %) still do; 197 (98.5 %) no longer
+    for k, expect in ((2, 0.99), (3, None)):
+        rows2 = [dict(r, hash_ids=[900 + i] + r["hash_ids"][1:]) if i < k else r for i, r in enumerate(rows)]
+        t.write_text("".join(json.dumps(r) + "\n" for r in rows2))
+        got = json.loads(run("curve", t, "--json", "-").stdout)["info"]["shared_first_block"]
+        assert (got and got["share"]) == expect
+    assert json.loads(run("curve", CHAT, "--json", "-").stdout)["info"]["shared_first_block"] is None

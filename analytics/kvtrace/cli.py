@@ -642,6 +642,9 @@ def curve(
                     display_capacities=display_caps, points=points, warmup=warmup, by=by.value if by else None,
                     sample_rate=sample_rate, distances=dist, progress=cb,
                 )
+                from .curves import shared_first_block
+
+                result.info["shared_first_block"] = shared_first_block(trace, result.info["first_measured_request"])
             finally:
                 if hasattr(trace, "close"):  # a streamed trace removes its spill files
                     trace.close()
@@ -789,6 +792,14 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
     console.print(k)
     if result.by_group is not None:
         _render_groups(result)
+    shared = info.get("shared_first_block")
+    if shared:
+        who = ("every request starts" if shared["share"] == 1 else
+               f"{min(100 * shared['share'], 99.99):.2f}% of the requests start")
+        console.print(f"note: {who} with the same block (hash "
+                      f"{shared['hash']}): the request hit rate is about that at every capacity that holds one block "
+                      "and says nothing about sizing; read the usable-prefix token rate (prefix tokens)",
+                      markup=False, soft_wrap=True)
     console.print(f"[dim]{info['measured_accesses']:,} accesses measured"
                   f"{' after warm-up' if info['warmup'] else ''}, {info['distinct_blocks']:,} distinct blocks "
                   f"({format_bytes(info['distinct_bytes'])}); computed in {elapsed:.2f} s[/dim]")

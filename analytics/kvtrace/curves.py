@@ -495,6 +495,34 @@ def compute_curve(
     return result
 
 
+#: a first block this common makes the request hit rate say nothing (:func:`shared_first_block`)
+SHARED_FIRST_BLOCK_SHARE = 0.99
+
+
+def shared_first_block(trace, first_req: int = 0) -> dict | None:
+    """The block most measured requests start with, when at least
+    :data:`SHARED_FIRST_BLOCK_SHARE` of the non-empty ones do (a system prompt every
+    request carries, as in the Mooncake traces): ``{"hash", "share"}``, else None.
+
+    Then the request hit rate (usable prefix >= 1 block) is about that share at every
+    capacity that holds one block, and tells a planner nothing; the usable-prefix token
+    rate is the figure to read.
+    """
+    from .whatif import _first_blocks
+
+    first = _first_blocks(trace)[first_req:]
+    first = first[first >= 0]
+    if first.size == 0:
+        return None
+    values, counts = np.unique(first, return_counts=True)
+    i = int(np.argmax(counts))
+    share = float(counts[i]) / first.size
+    if share < SHARED_FIRST_BLOCK_SHARE:
+        return None
+    block_hash = trace.block_hash[values[i]] if getattr(trace, "block_hash", None) is not None else None
+    return {"hash": None if block_hash is None else int(block_hash), "share": share}
+
+
 #: the share of the overall ceiling at which ``CurveResult.group_summary`` compares the groups
 GROUP_SUMMARY_FRACTION = 0.8
 
