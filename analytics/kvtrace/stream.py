@@ -3,7 +3,10 @@
 An in-memory run holds the whole access table and every per-access result: about 80
 bytes per block access at its peak (2.3 GB for 30M accesses), so a fleet trace of
 billions of accesses does not fit. A streamed run reads the Parquet request table row
-group by row group and keeps only what is O(distinct blocks) or O(requests) in memory;
+group by row group (a row group of more than
+:data:`kvtrace.ingest.chunks.CHUNK_ACCESSES` accesses in batches of requests, so one
+huge row group costs one batch) and keeps only what is O(distinct blocks) or
+O(requests) in memory;
 every per-access array exists one chunk at a time. Its results equal the in-memory
 run's **bit for bit** (``tests/test_stream.py`` compares every array and table).
 

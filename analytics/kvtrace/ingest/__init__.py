@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import KvtraceError, UsageError
-from ..guard import check_memory
+from ..guard import check_before_read, check_memory, reading
 from ..trace import Trace, TraceMeta
 from .canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
                         requests_to_trace, write_canonical)
@@ -106,7 +106,10 @@ def load_requests(
     p = str(path)
     warn: list[str] = []
     names: dict = {}
-    df, meta, source, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens, warnings=warn, names=names)
+    if workload is not None:  # from metadata and a bounded first read, before the parse
+        check_before_read(p, fmt, workload)
+    with reading(workload):  # a decompression stops at what memory allows
+        df, meta, source, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens, warnings=warn, names=names)
     if share_tenants != meta.share_tenants:
         meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
     try:
@@ -163,8 +166,10 @@ def load_trace(
         Treat equal hashes in different tenants as the same block.
     workload : str, optional
         The analysis that follows (``curve``, ``whatif``, ... see
-        :mod:`kvtrace.guard`): refuse, before building the access table, a trace whose
-        run would not fit in the memory available. None: no check.
+        :mod:`kvtrace.guard`): refuse a trace whose run would not fit in the memory
+        available, before the read when the metadata or a bounded first read show it
+        clearly (:func:`kvtrace.guard.check_before_read`; decompression is bounded
+        too), else before building the access table. None: no check.
 
     Returns
     -------

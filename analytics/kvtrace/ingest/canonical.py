@@ -261,18 +261,41 @@ def distinct_blocks(df: pl.DataFrame, meta: TraceMeta) -> int:
     top = int(col.list.max().max() or 0)
     ns_max = int(ns_req.max()) if ns_req is not None and ns_req.size else -1
     state = None
+    for row, piece, lens in hash_pieces(col, lengths):
+        m = int(lens.sum())
+        hashes = piece.explode(empty_as_null=False).to_numpy()
+        ns = (np.full(m, -1, dtype=np.int32) if ns_req is None
+              else np.repeat(ns_req[row:row + lens.shape[0]], lens).astype(np.int32))
+        _, state = densify(hashes, ns, np.ones(m, dtype=np.int32), state, top=top, ns_max=ns_max, total=n)
+        del hashes, ns
+    return int(state.n_blocks) if state is not None else 0
+
+
+#: Block accesses per piece of the hash column that is copied out at once (the hashes,
+#: namespaces and ids of a piece: ~20 bytes per access, ~80 MB).
+PIECE_ACCESSES = 1 << 22
+
+
+def hash_pieces(col: pl.Series, lengths: np.ndarray, size: int | None = None):
+    """``(first row, piece, lengths)`` of a list column, in pieces of whole rows holding
+    at most about ``size`` accesses (default :data:`PIECE_ACCESSES`; a longer row is a
+    piece of its own) and never across the column's chunks; pieces without accesses
+    are skipped. A caller copying each piece's hashes out holds one piece at a time,
+    never a copy of the whole column."""
+    size = PIECE_ACCESSES if size is None else size
     row = 0
     for part in col.get_chunks():
         rows = part.len()
         lens = lengths[row:row + rows]
-        m = int(lens.sum())
-        if m:
-            hashes = part.explode(empty_as_null=False).to_numpy()
-            ns = (np.full(m, -1, dtype=np.int32) if ns_req is None
-                  else np.repeat(ns_req[row:row + rows], lens).astype(np.int32))
-            _, state = densify(hashes, ns, np.ones(m, dtype=np.int32), state, top=top, ns_max=ns_max, total=n)
+        ends = np.cumsum(lens)
+        a = 0
+        while a < rows:
+            base = int(ends[a - 1]) if a else 0
+            b = max(int(np.searchsorted(ends, base + size, side="right")), a + 1)
+            if int(ends[b - 1]) > base:
+                yield row + a, part.slice(a, b - a), lens[a:b]
+            a = b
         row += rows
-    return int(state.n_blocks) if state is not None else 0
 
 
 def build_trace(df: pl.DataFrame, meta: TraceMeta, warnings: list[str] | None = None) -> Trace:
@@ -307,16 +330,13 @@ def build_trace(df: pl.DataFrame, meta: TraceMeta, warnings: list[str] | None = 
     state = None
     top = int(col.list.max().max() or 0) if n else 0
     ns_max = int(ns_req.max()) if ns_req is not None and ns_req.size else -1
-    row = 0
-    for part in col.get_chunks() if n else []:
-        rows = part.len()
-        lo, hi = int(req_start[row]), int(req_start[row + rows])
-        if hi > lo:
-            hashes = part.explode(empty_as_null=False).to_numpy()
-            ns = (np.full(hi - lo, -1, dtype=np.int32) if ns_req is None
-                  else ns_req[request[lo:hi]].astype(np.int32))
-            block[lo:hi], state = densify(hashes, ns, tokens[lo:hi], state, top=top, ns_max=ns_max, total=n)
-        row += rows
+    for row, piece, lens in hash_pieces(col, lengths) if n else []:
+        lo, hi = int(req_start[row]), int(req_start[row + lens.shape[0]])
+        hashes = piece.explode(empty_as_null=False).to_numpy()
+        ns = (np.full(hi - lo, -1, dtype=np.int32) if ns_req is None
+              else ns_req[request[lo:hi]].astype(np.int32))
+        block[lo:hi], state = densify(hashes, ns, tokens[lo:hi], state, top=top, ns_max=ns_max, total=n)
+        del hashes, ns
     if state is None:
         state = densify(np.empty(0, np.uint64), np.empty(0, np.int32), np.empty(0, np.int32))[1]
     block_hash, block_ns, block_size = (a.copy() for a in state.arrays())

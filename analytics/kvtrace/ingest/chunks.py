@@ -1,6 +1,8 @@
 """Parquet request tables read row group by row group (streaming and distributed runs).
 
-A trace too large to hold is read in chunks of whole Parquet row groups. Each chunk is
+A trace too large to hold is read in chunks of consecutive requests: a Parquet row
+group, split into batches of at most :data:`CHUNK_ACCESSES` block accesses (a file
+written as one huge row group must not cost its whole row group at once). Each chunk is
 conformed to the canonical request schema and validated exactly as
 :func:`~kvtrace.ingest.canonical.prepare_requests` validates a whole table (same
 messages; rows are numbered in the whole file), so a chunked run accepts and rejects
@@ -28,12 +30,16 @@ import numpy as np
 import polars as pl
 
 from ..errors import KvtraceError
-from ..trace import TraceMeta
+from ..trace import REQUEST_SCHEMA, TraceMeta
 from .canonical import conform, prepare_requests, read_metadata
-from .tabular import ALIASES, LIST_COLUMNS, _find, from_generic, source_names
+from .tabular import ALIASES, LIST_COLUMNS, _cast_column, _find, _seconds, from_generic, source_names
 
 #: Columns a chunk carries by default (the rest of the canonical schema is left out).
 CORE_COLUMNS = ("timestamp", "input_tokens", "block_ids", "tenant")
+#: Block accesses per chunk at most (a row group holding more is read in batches of
+#: requests): a chunk's per-access arrays cost about 60 bytes per access in pass 1 of a
+#: streamed run (Arrow and Polars copies of the hashes, namespaces, tokens, ids), ~250 MB.
+CHUNK_ACCESSES = 1 << 22
 
 
 @dataclass
@@ -117,6 +123,7 @@ class ParquetRequests:
         if self.n_rows == 0:
             raise KvtraceError("no requests: the table is empty", path=self.path)
         leaf, top, have_stats = 0, 0, True
+        self._group_values = np.zeros(fmd.num_row_groups, dtype=np.int64)  # list values per row group
         for i in range(fmd.num_row_groups):
             rg = fmd.row_group(i)
             for j in range(rg.num_columns):
@@ -124,6 +131,7 @@ class ParquetRequests:
                 if col.path_in_schema.split(".")[0] != self.list_column:
                     continue
                 leaf += int(col.num_values)
+                self._group_values[i] += int(col.num_values)
                 st = col.statistics
                 if st is not None and st.has_min_max and rg.num_rows:
                     top = max(top, int(st.max))
@@ -147,6 +155,39 @@ class ParquetRequests:
             raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=self.path) from None
         return pl.from_arrow(table)
 
+    def batch_rows(self, g: int) -> int:
+        """Requests per batch of row group ``g``: all of them, unless its block accesses
+        (from the metadata) exceed :data:`CHUNK_ACCESSES`; then about that many accesses
+        per batch (the average request length of the row group)."""
+        rows = int(self.row_offsets[g + 1] - self.row_offsets[g])
+        values = int(self._group_values[g])
+        if values <= CHUNK_ACCESSES:
+            return max(rows, 1)
+        return max(1, rows * CHUNK_ACCESSES // values)
+
+    def _raw_batches(self, g: int, columns: Sequence[str] | None) -> Iterator[pl.DataFrame]:
+        """Row group ``g`` in batches of :meth:`batch_rows` requests (one batch when it is
+        small), decoded one at a time: a batch's columns are all that is held."""
+        rows = self.batch_rows(g)
+        if rows >= self.row_offsets[g + 1] - self.row_offsets[g]:
+            yield self._raw([g], columns)
+            return
+        import pyarrow as pa
+
+        want = None
+        if self.canonical and columns is not None:
+            want = [c for c in columns if c in self.columns]
+        batches = self._file.iter_batches(batch_size=rows, row_groups=[g], columns=want)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as exc:  # pyarrow raises several types for a damaged file
+                raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=self.path) from None
+            yield pl.from_arrow(pa.Table.from_batches([batch]))
+            del batch
+
     def tenant_names(self, row_groups: Sequence[int] | None = None) -> list[str] | None:
         """Sorted tenant names of the file (of ``row_groups`` when given): the namespace
         codes of :func:`~kvtrace.ingest.canonical._namespaces`. None when blocks have no
@@ -155,13 +196,52 @@ class ParquetRequests:
             return None
         names: set[str] = set()
         for g in range(self.n_row_groups) if row_groups is None else row_groups:
-            df = self._canonical(self._raw([g], ["tenant"]), int(self.row_offsets[g]), ["tenant"])
-            names.update(df["tenant"].drop_nulls().unique().to_list())
+            names.update(self._column(g, "tenant").drop_nulls().unique().to_list())
         return sorted(names) if names else None
+
+    def _column(self, g: int, name: str) -> pl.Series:
+        """One canonical per-request column (``tenant`` or ``timestamp``, as stored) of
+        row group ``g``, read from its own source column only: a generic table's
+        block-hash lists are not decoded for it. Converted as
+        :func:`~kvtrace.ingest.tabular.from_generic` converts it."""
+        row0 = int(self.row_offsets[g])
+        if self.canonical:
+            return self._canonical(self._raw([g], [name]), row0, [name])[name]
+        rows = int(self.row_offsets[g + 1]) - row0
+        source = None
+        if name == "timestamp":
+            source = _find(self.columns, ALIASES["timestamp_ms"])
+            per_second = 1000.0 if source is not None else 1.0
+            source = source or _find(self.columns, ALIASES["timestamp"])
+        else:
+            source = _find(self.columns, ALIASES[name])
+        if source is None:  # from_generic's own message (no timestamp column), or no tenants
+            if name == "timestamp":
+                import pyarrow as pa
+
+                first = next(self._file.iter_batches(batch_size=1, row_groups=[g]))
+                return self._canonical(pl.from_arrow(pa.Table.from_batches([first])), row0, [name])[name]
+            return pl.Series(name, [None] * rows, dtype=pl.String)
+        try:
+            col = pl.from_arrow(self._file.read_row_groups([g], columns=[source]))[source]
+        except Exception as exc:  # pyarrow raises several types for a damaged file
+            raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=self.path) from None
+
+        def where(row: int) -> dict:
+            return {"path": self.path, "row": row0 + row}
+
+        if name == "timestamp":
+            return _seconds(col, source, per_second, where)
+        return _cast_column(col, source, REQUEST_SCHEMA[name], where)
 
     def _canonical(self, df: pl.DataFrame, row0: int, columns: Sequence[str] | None) -> pl.DataFrame:
         if not self.canonical:
-            df, _ = from_generic(df, self.path, "parquet", self.meta.block_tokens)
+            try:
+                df, _ = from_generic(df, self.path, "parquet", self.meta.block_tokens)
+            except KvtraceError as exc:  # rows numbered in the whole file, not in the chunk
+                if exc.row is None or not row0:
+                    raise
+                raise KvtraceError(exc.message, path=exc.path, row=exc.row + row0, field=exc.field) from None
             if _find(self.columns, ALIASES["request_id"]) is None:  # row numbers, as in memory
                 df = df.with_columns(pl.col("request_id") + row0)
         df = conform(df)
@@ -169,7 +249,8 @@ class ParquetRequests:
 
     def chunks(self, columns: Sequence[str] = CORE_COLUMNS, row_groups: Sequence[int] | None = None,
                info: ChunkInfo | None = None) -> Iterator[tuple[int, pl.DataFrame]]:
-        """Validated chunks in trace order: ``(first row, table)`` per row group.
+        """Validated chunks in trace order: ``(first row, table)`` per row group, or per
+        batch of at most about :data:`CHUNK_ACCESSES` accesses of a larger row group.
 
         Parameters
         ----------
@@ -192,16 +273,21 @@ class ParquetRequests:
             row0 = int(self.row_offsets[g])
             if self.row_offsets[g + 1] == row0:
                 continue
-            df = self._canonical(self._raw([g], need), row0, need)
-            df = self._validate(df, row0, info)
-            yield row0, df.select(list(columns))
+            for raw in self._raw_batches(g, need):
+                if raw.height == 0:
+                    continue
+                df = self._canonical(raw, row0, need)
+                del raw
+                df = self._validate(df, row0, info)
+                yield row0, df.select(list(columns))
+                row0 += df.height
+                del df
 
     def first_timestamp(self) -> float:
         """Arrival of the first request, seconds as stored (before any shift)."""
         for g in range(self.n_row_groups):
             if self.row_offsets[g + 1] > self.row_offsets[g]:
-                df = self._canonical(self._raw([g], ["timestamp"]), int(self.row_offsets[g]), ["timestamp"])
-                v = df["timestamp"][0]
+                v = self._column(g, "timestamp")[0]
                 if v is None or not np.isfinite(v):
                     raise KvtraceError("expected a finite number", path=self.path, row=int(self.row_offsets[g]),
                                        field="timestamp")

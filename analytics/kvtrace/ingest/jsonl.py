@@ -181,19 +181,35 @@ def _at(label: str, line: int | None = None) -> str:
 
 
 def _decompress(path: str, warnings: list[str], label: str = "") -> bytes:
-    """A gzip or zstd file's content; a stream cut short gives what precedes the cut."""
+    """A gzip or zstd file's content; a stream cut short gives what precedes the cut.
+
+    Under the resource guard (:func:`kvtrace.guard.reading`) the output is bounded: past
+    :func:`kvtrace.guard.decompressed_limit` bytes (a bomb, or a trace too large for
+    memory) it stops with one line naming the file, before memory runs out."""
+    from ..guard import decompressed_limit, decompression_refused
+
     zstd = _magic(path) == ZSTD_MAGIC
     chunks: list[bytes] = []
+    limit = decompressed_limit()
     try:
         if zstd:
             import pyarrow as pa
 
+            got = 0
             with pa.input_stream(path, compression="zstd") as stream:
                 while chunk := stream.read(1 << 18):  # small reads: a cut loses at most one
                     chunks.append(chunk)
+                    got += len(chunk)
+                    if limit is not None and got > limit:
+                        chunks.clear()
+                        raise decompression_refused(path, got)
             truncated = False
         else:
-            truncated = _gunzip(path, chunks)
+            truncated = _gunzip(path, chunks, limit)
+            if truncated is None:
+                got = sum(map(len, chunks))
+                chunks.clear()
+                raise decompression_refused(path, got)
     except (OSError, zlib.error, EOFError) as exc:
         msg = str(exc)
         if "Truncated" not in msg:
@@ -210,13 +226,16 @@ def _decompress(path: str, warnings: list[str], label: str = "") -> bytes:
     return b"".join(chunks)
 
 
-def _gunzip(path: str, chunks: list[bytes]) -> bool:
-    """Decompress every member of a gzip file into ``chunks``; True if it is cut short.
+def _gunzip(path: str, chunks: list[bytes], limit: int | None = None) -> bool | None:
+    """Decompress every member of a gzip file into ``chunks``; True if it is cut short,
+    None once the output passes ``limit`` bytes (decompression stops there).
 
     (zlib directly rather than the gzip module: at a cut, the gzip module drops the
-    content of its last read.)"""
+    content of its last read. Output is taken in pieces of at most 4 MiB: 1 MiB of
+    input can inflate to 1 GB.)"""
     d = None
     pending = b""
+    got = 0
     with open(path, "rb") as fh:
         while block := fh.read(1 << 20):
             block, pending = pending + block, b""
@@ -228,11 +247,15 @@ def _gunzip(path: str, chunks: list[bytes]) -> bool:
                     if block[:2] != GZIP_MAGIC:
                         raise zlib.error("not a gzip stream after the first member")
                     d = zlib.decompressobj(wbits=31)
-                chunks.append(d.decompress(block))
+                out = d.decompress(block, 1 << 22)
+                chunks.append(out)
+                got += len(out)
+                if limit is not None and got > limit:
+                    return None
                 if d.eof:
                     block, d = d.unused_data, None
                 else:
-                    block = b""
+                    block = d.unconsumed_tail
     if d is None:
         return bool(pending)
     chunks.append(d.flush())
