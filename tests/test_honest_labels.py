@@ -115,3 +115,27 @@ def test_a_first_block_every_request_shares_is_pointed_out(tmp_path):
         got = json.loads(run("curve", t, "--json", "-").stdout)["info"]["shared_first_block"]
         assert (got and got["share"]) == expect
     assert json.loads(run("curve", CHAT, "--json", "-").stdout)["info"]["shared_first_block"] is None
+
+
+def test_sweep_parallelism_follows_the_estimated_work(monkeypatch):
+    import os
+
+    from kvtrace import whatif
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    rate, start = whatif.REPLAY_ACCESSES_PER_S, whatif.WORKER_START_S
+    # 4 configurations of the 32k-access sample: 0.014 s of replay, far below the start of 2 workers
+    assert whatif.plan_workers(4, 32_158)[0] == 1
+    # serial 4 x N / rate against start + 2 x N / rate: parallel pays once 2 N / rate > start
+    n_even = int(start * rate / 2)
+    assert whatif.plan_workers(4, n_even - 1000)[0] == 1 and whatif.plan_workers(4, n_even + 1000)[0] == 2
+    assert whatif.plan_workers(1, 10**9) == (1, "serially (one configuration)")
+    assert whatif.plan_workers(4, 10, workers=2) == (2, "on 2 worker processes (--workers 2)")
+    assert whatif.plan_workers(3, 10**9, workers=8)[0] == 3
+
+
+def test_whatif_says_how_it_ran():
+    res = run("whatif", CHAT, "--grid", "--dram", "16GiB,64GiB", "--flash", "1TiB,4TiB")
+    assert res.exit_code == 0, res.stderr
+    tail = " ".join(res.stdout.split()[-40:])
+    assert "4 configuration(s) in" in tail and ", serially (estimated 0.0 s of replay;" in tail

@@ -1014,7 +1014,7 @@ def whatif(
     flash_latency_ms: float = typer.Option(1.0, "--flash-latency-ms", help="Flash restore fixed latency, ms."),
     overhead_ms: float = typer.Option(1.0, "--overhead-ms", help="Per-request overhead of having a flash tier, ms."),
     horizon: str = typer.Option("1h", "--horizon", help="Horizon of the value kernel for value>=v policies."),
-    workers: int = typer.Option(2, "--workers", min=1, help="Processes for several configurations (with --engine dask: the local cluster's workers)."),
+    workers: Optional[int] = typer.Option(None, "--workers", min=1, help="Processes for several configurations (default: by the estimated work, serial when starting workers costs more than it saves; with --engine dask: the local cluster's workers, default 2)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", parser=_path, help="Write the comparison table (.parquet/.csv/.json)."),
     plot: Optional[Path] = typer.Option(None, "--plot", parser=_path, help="Frontier chart: flash hit share vs flash bytes written (.html/.png/.svg)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the comparison as JSON ('-' = stdout only)."),
@@ -1062,7 +1062,7 @@ def whatif(
     response = ResponseModel(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
                              flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
                              overhead_s=overhead_ms / 1e3, recompute_flops_per_s=g.effective_flops)
-    parallel = engine != Engine.dask and min(workers, len(configs)) > 1
+    parallel = engine != Engine.dask and min(workers or 2, len(configs)) > 1  # the guard's worst case
     from .stream import should_stream
 
     if engine == Engine.dask and stream:
@@ -1122,22 +1122,26 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
         from .distributed import dask_client
         from .distributed import sweep as dask_sweep
 
-        with dask_client(scheduler, workers) as client, _progress() as prog:
+        how = "on Dask"
+        with dask_client(scheduler, workers or 2) as client, _progress() as prog:
             task = prog.add_task("configurations (dask)", total=len(configs))
             table = dask_sweep(trace, configs, client=client, model=m, gpu=g, response=response,
                                eviction=eviction.value, values=values, warmup=warmup,
                                progress=lambda d, t: prog.update(task, completed=d, total=t))
     else:
+        from .whatif import plan_workers
+
+        n_workers, how = plan_workers(len(configs), trace.n_accesses, workers)
         with _progress() as prog:
             task = prog.add_task("configurations", total=len(configs))
             table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value,
-                          values=values, warmup=warmup, workers=min(workers, len(configs)),
+                          values=values, warmup=warmup, workers=n_workers,
                           progress=lambda d, t: prog.update(task, completed=d, total=t))
     elapsed = time.perf_counter() - t0
     if json_out == "-":
         _write_json("-", {"configs": table.to_dicts()})
     else:
-        _render_whatif(trace_path, table, elapsed, len(configs))
+        _render_whatif(trace_path, table, elapsed, len(configs), how)
     if out is not None:
         write_table(table, out, metadata={"model": m.name, "kv_bytes_per_token": m.kv_bytes_per_token,
                                           "eviction": eviction.value})
@@ -1152,7 +1156,7 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
             err_console.print(f"wrote {label}: {p}", markup=False)
 
 
-def _render_whatif(trace_path: Path, table, elapsed: float, n: int) -> None:
+def _render_whatif(trace_path: Path, table, elapsed: float, n: int, how: str = "") -> None:
     t = Table(title=f"{trace_path.name}: tier what-ifs (usable-prefix token shares, unconditional)")
     heads = ("config", "tiers", "DRAM", "SSD/flash", "miss", "compute saved", "writes/day", "DWPD", "read mean",
              "peak", "promotions", "p50", "p99")
@@ -1183,7 +1187,8 @@ def _render_whatif(trace_path: Path, table, elapsed: float, n: int) -> None:
             f"{r.get('promotions') or 0:,}", ms(r.get("service_time_p50_s")), ms(r.get("service_time_p99_s")),
         )
     console.print(t)
-    console.print(f"[dim]{n} configuration(s) in {elapsed:.2f} s[/dim]")
+    console.print(f"{n} configuration(s) in {elapsed:.2f} s" + (f", {how}" if how else ""), style="dim",
+                  markup=False, soft_wrap=True)
 
 
 # ---------------------------------------------------------------------------- estimate

@@ -1022,6 +1022,44 @@ def _summary_in_worker(config: TierConfig) -> dict:
                     scratch=_WORKER["scratch"]).summary
 
 
+#: starting a parallel sweep's worker processes (spawn, imports, mapping the trace, loading
+#: the cached kernels): a 4-configuration sweep of the 32k-access sample took 1.96-2.11 s
+#: serially and 4.45-4.54 s on 2 workers (``kvtrace whatif sample_traces/chat.jsonl --grid
+#: --dram 16GiB,64GiB --flash 1TiB,4TiB --workers 1|2``), the replays themselves negligible
+WORKER_START_S = 2.5
+#: one configuration's replay on one core, block accesses per second (simulate with its
+#: per-request metrics; the README's performance table has the kernels alone)
+REPLAY_ACCESSES_PER_S = 9e6
+
+
+def plan_workers(n_configs: int, n_accesses: int, workers: int | None = None) -> tuple[int, str]:
+    """How many processes a sweep should use, and why, in words for the output.
+
+    ``workers`` given: that many (at most one per configuration). ``None``: by the
+    estimated work: serial replay takes ``n_configs x n_accesses /
+    REPLAY_ACCESSES_PER_S`` seconds; ``w`` workers (at most the CPUs this process may
+    use) take :data:`WORKER_START_S` more plus ``ceil(n_configs / w)`` replays each;
+    the smaller estimate wins.
+    """
+    if workers is not None:
+        w = max(1, min(workers, n_configs))
+        return w, ("serially (--workers 1)" if w == 1 else f"on {w} worker processes (--workers {workers})")
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    w = max(1, min(cpus, n_configs))
+    one = n_accesses / REPLAY_ACCESSES_PER_S
+    serial = n_configs * one
+    if w == 1:
+        return 1, "serially (one configuration)" if n_configs <= 1 else f"serially ({cpus} CPU)"
+    parallel = WORKER_START_S + math.ceil(n_configs / w) * one
+    if parallel < serial:
+        return w, f"on {w} worker processes (estimated {parallel:,.1f} s against {serial:,.1f} s serially)"
+    return 1, (f"serially (estimated {serial:,.1f} s of replay; {w} worker processes would take {parallel:,.1f} s "
+               f"with the ~{WORKER_START_S:g} s they need to start)")
+
+
 def sweep(
     trace: Trace,
     configs: list[TierConfig],
