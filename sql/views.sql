@@ -43,9 +43,11 @@ SELECT
 FROM requests
 WHERE session_id IS NOT NULL;
 
--- Prefix families: blocks grouped by the position-0 block of the request in which
--- they first appear (the system prompt / document a chain grew from), with their
--- future-reuse value ($, `kvtrace value` semantics), most valuable first.
+-- Prefix families: blocks grouped by root_block, the block of the request in which
+-- they first appear just below the shared root (the leading blocks that >= 99 % of
+-- requests carry, such as a system prompt every request starts with; with none, the
+-- position-0 block: the prompt / document a chain grew from), with their future-reuse
+-- value ($, `kvtrace value` semantics), most valuable first.
 CREATE OR REPLACE VIEW prefixes AS
 SELECT
     f.root_block,

@@ -15,6 +15,8 @@ Conventions shared with the kernels
 
 from __future__ import annotations
 
+import collections
+
 from collections import OrderedDict
 
 import numpy as np
@@ -582,3 +584,36 @@ def visit_blocks(block, request, pos, n_blocks):
         count[b] += 1
         last_request[b] = r
     return prev, count, first_request, first_pos, last_request
+
+
+#: the threshold of kvtrace.value's shared root (kvtrace.curves.SHARED_FIRST_BLOCK_SHARE)
+SHARED_FIRST_BLOCK_SHARE_TWIN = 0.99
+
+
+def naive_families(requests):
+    """(root, request_share, family): the shared root (block ids, position 0 first),
+    the share of non-empty requests whose first k blocks are it (None without one),
+    and each block's family root, from request block lists in trace order."""
+    full = [r for r in requests if r]
+    root = []
+    while True:
+        at = [r[len(root)] for r in full if len(r) > len(root)]
+        if not at:
+            break
+        block, count = collections.Counter(at).most_common(1)[0]
+        if count / len(at) < SHARED_FIRST_BLOCK_SHARE_TWIN:
+            break
+        root.append(block)
+    k = len(root)
+    share = sum(r[:k] == root for r in full) / len(full) if root else None
+    family = {}
+    for r in requests:
+        for b in r:
+            if b in family:
+                continue
+            if not k:
+                family[b] = r[0]
+                continue
+            label = r[k] if len(r) > k else root[0]
+            family[b] = root[0] if b in root or label in root else label
+    return root, share, family

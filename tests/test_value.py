@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import naive
+from naive import naive_families
 from strategies import all_cold_traces, all_hot_traces, one_access_traces, random_traces
 
 from kvtrace.errors import KvtraceError, UsageError
@@ -384,6 +385,7 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
     assert order == sorted(order)
     tw = naive.value_tables(ct, TOY, TOY_GPU, horizon, costs.write_dollars_per_byte, costs.read_dollars_per_byte,
                             costs.occupancy_dollars_per_byte_second)
+    _families_below_shared_root(tw, ct, res)
     fr = res.future
     scale = 1.0 + sum(abs(x["gain_dollars"]) + abs(x["cost_dollars"]) for x in tw["access"])
     for key in ("reuses", "next_t"):
@@ -446,6 +448,33 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
     else:
         assert s["negative_value_bytes_share"] is None
         assert all(v is None for v in s["value_per_byte_quantiles"].values())
+
+
+def _families_below_shared_root(tw, ct, res):
+    """Regroup the twin's blocks by the families of ``naive_families`` (the twin's
+    ``root_block`` is the position-0 one; random traces often have a shared root,
+    e.g. a single request) and check the summary's shared-root keys."""
+    rs = ct.req_start
+    root, share, family = naive_families([list(ct.block[rs[i]:rs[i + 1]]) for i in range(len(rs) - 1)])
+    s = res.summary
+    assert s["shared_root_blocks"] == len(root) and s["shared_root_request_share"] == share
+    assert s["shared_root_hashes"] == [int(res.per_block["hash"][b]) for b in root]
+    prefix = {}
+    for b, blk in tw["block"].items():
+        blk["root_block"] = family[b]
+        p = prefix.setdefault(family[b], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
+                                          "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
+                                          "clairvoyant_value_dollars": 0.0})
+        p["blocks"] += 1
+        p["bytes"] += blk["bytes"]
+        p["accesses"] += blk["accesses"]
+        p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
+        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
+            p[k] += blk[k]
+    for p in prefix.values():
+        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+    tw["prefix"] = prefix
+    tw["summary"]["prefixes"] = len(prefix)
 
 
 def _hashes(rows):

@@ -925,8 +925,18 @@ def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
     t.add_column("figure")
     t.add_column("value", justify="right")
     money = lambda x: "-" if x is None else f"${x:,.2f}"  # noqa: E731
+    depth = s.get("shared_root_blocks") or 0
+    below = " below the shared root" if depth else ""
+    families = [("blocks / prefix families", f"{s['blocks']:,} / {s['prefixes']:,}")]
+    if depth:  # every request starts alike: the families are grouped below that root (kvtrace.value.shared_root)
+        hashes = s["shared_root_hashes"]
+        shown = ", ".join(str(h) for h in hashes[:4]) + (f", ... ({len(hashes):,} hashes)" if len(hashes) > 4 else "")
+        families = [(f"blocks / prefix families below the shared root ({depth:,} block{'s' if depth > 1 else ''}, "
+                     f"carried by {_fmt_rate(s['shared_root_request_share'])} of requests)",
+                     f"{s['blocks']:,} / {s['prefixes']:,}"),
+                    ("shared root skipped (hashes)", shown)]
     rows = [
-        ("blocks / prefix families", f"{s['blocks']:,} / {s['prefixes']:,}"),
+        *families,
         ("distinct bytes", format_bytes(s["distinct_bytes"])),
         ("bytes never reused (one-shot)", f"{format_bytes(s['never_reused_bytes'])} "
                                           f"({_fmt_rate(s['never_reused_bytes_share'])})"),
@@ -948,11 +958,12 @@ def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
             qt.add_column(k, justify="right")
         qt.add_row(*["-" if v is None else f"{v * 1e12:,.2f}" for v in q.values()])
         console.print(qt)
-    pt = Table(title=f"top {top} prefix families by value")
+    pt = Table(title=f"top {top} prefix families{below} by value")
     for c in ("root hash", "blocks", "bytes", "accesses", "never reused", "value", "$ per TB", "bound"):
         pt.add_column(c, justify="right")
     for r in result.top_prefixes(top).iter_rows(named=True):
-        pt.add_row(str(r["root_hash"]), f"{r['blocks']:,}", format_bytes(r["bytes"]), f"{r['accesses']:,}",
+        shared = depth and r["root_hash"] == s["shared_root_hashes"][0]
+        pt.add_row(f"{r['root_hash']} (shared root)" if shared else str(r["root_hash"]), f"{r['blocks']:,}", format_bytes(r["bytes"]), f"{r['accesses']:,}",
                    format_bytes(r["never_reused_bytes"]), money(r["total_value_dollars"]),
                    "-" if r["value_per_byte"] is None else f"{r['value_per_byte'] * 1e12:,.2f}",
                    money(r["clairvoyant_value_dollars"]))

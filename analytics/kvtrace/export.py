@@ -152,7 +152,9 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "tenant": "tenant of the request in which the block first appears (NULL: none)",
         "size_tokens": "tokens the block occupies in a cache (its largest size in the trace)",
         "bytes": "bytes the block occupies (size_tokens x kv_bytes_per_token)",
-        "root_block": "position-0 block of the request in which the block first appears (its prefix family)",
+        "root_block": "its prefix family: the block just below the shared root (the leading blocks >= 99 % of "
+                      "requests carry, none in most traces; at position 0 then) in the request in which the block "
+                      "first appears; the shared root's own family is labelled with its first block",
         "first_seen_s": "arrival of its first access, seconds",
         "last_seen_s": "arrival of its last access, seconds",
         "accesses": "accesses in the trace",

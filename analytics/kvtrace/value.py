@@ -53,13 +53,32 @@ KV bytes per token; seconds from trace start; $ at the GPU's $/GPU-hour. Costs a
 per byte (write, read) and per byte-second (occupancy); see :class:`StorageCosts`.
 Not modelled: expiry or model-switch probability, compression, replicas.
 
+**Prefix families below the shared root.** When (almost) every request starts with
+the same blocks (a system prompt; on the Mooncake traces every request starts with
+hash 0), grouping blocks by their request's position-0 block gives one family. So
+families are rooted below the *shared root* (:func:`shared_root`): the longest run of
+leading positions p = 0, 1, ... at each of which one block is the position-p block
+of at least :data:`kvtrace.curves.SHARED_FIRST_BLOCK_SHARE` (99 %) of the non-empty
+requests that have a position p (are longer than p blocks). Its depth k may be 0 (no
+shared root: the families are those of position 0, as before). A block's family
+root is the block at position k of the request in which the block first appears; the
+*shared family*, labelled with the shared root's first block, holds the shared-root
+blocks themselves, the blocks whose request (where they first appear) is no longer
+than k blocks, and the blocks whose position-k block is itself a shared-root block
+(only with repeated hashes). The summary names the skipped root
+(``shared_root_hashes``, ``shared_root_blocks``, ``shared_root_request_share``).
+With k = 1 at p = 0 the test is the one behind ``kvtrace curve``'s shared-first-block
+note (:func:`kvtrace.curves.shared_first_block`).
+
 Per-block table (``ValueResult.per_block``, one row per dense block id, ascending):
 
 ==========================  ========  ===================================================
 block                       int64     dense block id
 hash                        uint64    source hash of the block
-root_block                  int64     block at position 0 of the request in which the
-                                      block first appears (its prefix family)
+root_block                  int64     its prefix family: the block at position k (the
+                                      shared root's depth, 0 without one) of the
+                                      request in which the block first appears; the
+                                      shared root's first block for the shared family
 first_seen_s                float64   arrival of its first access, seconds
 last_seen_s                 float64   arrival of its last access, seconds
 accesses                    int64     accesses in the trace
@@ -79,7 +98,8 @@ Per-prefix table (``ValueResult.per_prefix``, one row per root block, sorted by
 ``root_hash`` uint64 · ``blocks`` int64 (blocks of the family) · ``bytes`` int64 ·
 ``accesses`` int64 · ``never_reused_bytes`` int64 (bytes of its blocks accessed once) ·
 ``gain_gpu_seconds`` float64 · ``total_value_dollars`` float64 ($) · ``value_per_byte``
-float64 ($/byte) · ``clairvoyant_value_dollars`` float64 ($).
+float64 ($/byte) · ``clairvoyant_value_dollars`` float64 ($). With a shared root, the
+shared family's row is the one whose ``root_hash`` is ``shared_root_hashes[0]``.
 
 Summary (``ValueResult.summary``; units in the key names): see :func:`value_report`.
 """
@@ -94,6 +114,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import polars as pl
 
+from .curves import SHARED_FIRST_BLOCK_SHARE
 from .errors import KvtraceError, UsageError
 from .kernels.future import best_keep_value, future_windows
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -113,6 +134,7 @@ __all__ = [
     "ValueResult",
     "future_reuse",
     "parse_horizon",
+    "shared_root",
     "value_report",
 ]
 
@@ -230,6 +252,95 @@ def parse_horizon(value: float | str | None) -> float:
     if math.isnan(seconds) or seconds < 0:
         raise UsageError(f"expected a horizon >= 0 seconds, got {value!r}", field="horizon")
     return seconds
+
+
+def shared_root(req_start: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, float | None]:
+    """The shared root of a trace (module docstring) and the share of requests carrying it.
+
+    Parameters
+    ----------
+    req_start : int[R + 1]
+        Request offsets into the access table.
+    block : int[N] array or memory map
+        Dense block id of every access; only the requests' leading positions are read.
+
+    Returns
+    -------
+    root : int64[k]
+        Dense ids of the blocks at positions 0 .. k - 1; empty (k = 0) when no block
+        reaches :data:`kvtrace.curves.SHARED_FIRST_BLOCK_SHARE` at position 0.
+    request_share : float or None
+        Share of the non-empty requests whose first k blocks are the root (requests
+        shorter than k blocks do not carry it); None when k = 0.
+
+    Each position costs a gather and an O(n) selection over the requests longer than
+    it, so all positions together read at most every access once.
+    """
+    # a block held by >= 99 % (> 50 %) of the requests is the median of their blocks
+    assert SHARED_FIRST_BLOCK_SHARE > 0.5
+    rs = np.asarray(req_start, dtype=np.int64)
+    length = np.diff(rs)
+    nonempty = np.flatnonzero(length > 0)
+    start, length = rs[:-1][nonempty], length[nonempty]
+    carries = np.ones(nonempty.shape[0], dtype=bool)
+    reach = np.arange(nonempty.shape[0])  # the non-empty requests longer than p blocks
+    root: list[int] = []
+    while reach.shape[0]:
+        p = len(root)
+        at = np.asarray(block[start[reach] + p]).astype(np.int64, copy=False)
+        top = at.shape[0] // 2
+        candidate = np.partition(at, top)[top]
+        same = at == candidate
+        if float(np.count_nonzero(same)) / at.shape[0] < SHARED_FIRST_BLOCK_SHARE:
+            break
+        root.append(int(candidate))
+        carries[reach[~same]] = False
+        reach = reach[length[reach] > p + 1]
+    if not root:
+        return np.empty(0, dtype=np.int64), None
+    carries &= length >= len(root)
+    return np.array(root, dtype=np.int64), float(np.count_nonzero(carries)) / carries.shape[0]
+
+
+def family_roots(first_request: np.ndarray, req_start: np.ndarray, block: np.ndarray, root: np.ndarray,
+                 dtype=np.int64, chunk: int = 1 << 22) -> np.ndarray:
+    """Each block's prefix family (the per-block ``root_block``; module docstring).
+
+    Parameters
+    ----------
+    first_request : int[M]
+        The request in which each dense block first appears.
+    req_start : int[R + 1]
+        Request offsets into the access table.
+    block : int[N] array or memory map
+        Dense block id of every access.
+    root : int64[k]
+        The shared root (:func:`shared_root`).
+    dtype : numpy dtype
+        Of the result (int64, or int32 for a streamed trace with fewer than 2**31 blocks).
+
+    Returns
+    -------
+    ``dtype[M]``: the block at position k of each block's first request, or
+    ``root[0]`` for the shared family. Made ``chunk`` blocks at a time (a few
+    chunk-size temporaries).
+    """
+    M, k = first_request.shape[0], root.shape[0]
+    out = np.empty(M, dtype=dtype)
+    for lo in range(0, M, chunk):
+        r = first_request[lo:lo + chunk].astype(np.int64)
+        start = req_start[r]
+        if k == 0:
+            out[lo:lo + r.shape[0]] = block[start]
+            continue
+        family = np.full(r.shape[0], root[0], dtype=np.int64)
+        longer = req_start[r + 1] - start > k
+        family[longer] = block[start[longer] + k]
+        family[np.isin(family, root)] = root[0]  # a position-k block of the shared root (repeated hashes)
+        out[lo:lo + r.shape[0]] = family
+    if k:
+        out[root] = root[0]
+    return out
 
 
 @dataclass
@@ -587,7 +698,13 @@ def value_report(
 
         - ``model``, ``kv_bytes_per_token`` (bytes), ``gpu``, ``gpu_dollars_per_hour``,
           ``horizon_s`` (None = infinite), the costs (:meth:`StorageCosts.to_dict`);
-        - ``accesses``, ``blocks``, ``prefixes``, ``distinct_bytes``;
+        - ``accesses``, ``blocks``, ``prefixes`` (prefix families, the shared one
+          included), ``distinct_bytes``;
+        - ``shared_root_blocks`` (its depth k, 0: none), ``shared_root_hashes`` (the
+          source hashes of its blocks, position 0 first; [] for none),
+          ``shared_root_request_share`` (share of the non-empty requests whose first k
+          blocks are the shared root; None for none): the root the prefix families
+          are grouped below (:func:`shared_root`);
         - ``never_reused_blocks``, ``never_reused_bytes``, ``never_reused_bytes_share``
           (share of distinct bytes in blocks accessed once: one-shot prompts),
           ``never_reused_access_share`` (share of accesses that touch such blocks),
@@ -637,7 +754,8 @@ def value_report(
     last_t = np.full(M, -1, dtype=np.int64)
     last_t[block] = np.arange(N, dtype=np.int64)
     first_request = a.request[first_t]
-    root = block[a.req_start[first_request]]  # position 0 of the request where b first appears
+    shared = shared_root(a.req_start, block)
+    root = family_roots(first_request, a.req_start, block, shared[0])
     bytes_b = trace.block_size.astype(np.int64) * bpt
 
     keep = fr.keepable
@@ -670,7 +788,7 @@ def value_report(
         "no_reuse": int(np.count_nonzero(~keep)),
         "positive_window_value": int(np.count_nonzero(fr.value_dollars > 0)),
     }
-    per_prefix_df, summary = _tables(trace, fr, N, blocks, sums)
+    per_prefix_df, summary = _tables(trace, fr, N, blocks, sums, shared)
     return ValueResult(_block_table(trace, bpt, blocks), per_prefix_df, summary, fr)
 
 
@@ -725,10 +843,11 @@ def _block_table(trace, bpt: int, blocks: dict) -> pl.DataFrame:
     )
 
 
-def _tables(trace, fr, N: int, blocks: dict, sums: dict, chunk: int = 1 << 22):
+def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: int = 1 << 22):
     """The per-prefix table and the summary from per-block arrays (``blocks``:
     root_block and accesses (int32 or int64), gain_gpu_seconds, total_value_dollars,
-    clairvoyant_value_dollars) and per-access totals (``sums``); shared by the
+    clairvoyant_value_dollars), per-access totals (``sums``) and the shared root
+    (``shared``: :func:`shared_root`'s result); shared by the
     in-memory and streamed runs. Beyond its inputs it holds at most about three
     per-block arrays at a time (the value densities and their order; then the bytes
     and the per-prefix frame's int64 columns): a streamed trace holds little else."""
@@ -788,6 +907,9 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, chunk: int = 1 << 22):
         "accesses": N,
         "blocks": M,
         "prefixes": per_prefix_df.height,
+        "shared_root_blocks": int(shared[0].shape[0]),
+        "shared_root_hashes": [int(h) for h in trace.block_hash[shared[0]]],
+        "shared_root_request_share": shared[1],
         "distinct_bytes": distinct,
         "never_reused_blocks": int(once.sum()),
         "never_reused_bytes": int(bytes_b[once].sum()),

@@ -32,8 +32,12 @@ Passes of the report (after the scan of :func:`kvtrace.stream.open_stream`)
    numpy's pairwise sums over accesses (:mod:`kvtrace.kernels.sums`), the best
    keep/drop schedule's dynamic programme with its per-block state carried
    (``best_keep_value_into``).
-4. **Tables**: the per-prefix table and the summary (:func:`kvtrace.value._tables`,
-   shared with the in-memory run). The per-block table is built on first use
+4. **Tables**: the shared root and each block's prefix family, read from a memory
+   map of the block spill file at the requests' leading positions and at each
+   block's first request (:func:`kvtrace.value.shared_root` and
+   :func:`kvtrace.value.family_roots`, the in-memory run's own functions); then the
+   per-prefix table and the summary (:func:`kvtrace.value._tables`, shared with the
+   in-memory run). The per-block table is built on first use
    (``ValueResult.per_block``; ``kvtrace value`` builds it only for ``--out``): it
    alone is about 105 bytes per block.
 
@@ -43,8 +47,8 @@ never held at once (one pass held both, 170 bytes per block).
 Memory, per distinct block M and request R (bytes), counts and indices in int32 below
 2**31 accesses, requests and blocks: the windows hold 49 x M (count, token and
 position-token sums of each cursor, the lead's latest time, the previous window's
-flag); the reduce 60 x M (gain, cost and value sums, the schedule's two states, hits,
-first and last request, root, accesses); the tables 32 x M (accesses, root, gain,
+flag); the reduce 56 x M (gain, cost and value sums, the schedule's two states, hits,
+first and last request, accesses), then 4 x M for the families' roots; the tables 32 x M (accesses, root, gain,
 value and bound, kept for the per-block table; its first and last request, hits and
 cost, 20 x M, wait in a spill directory of their own) + about 32 x M of temporaries
 (the value densities and their order, then the bytes and the per-prefix frame's
@@ -104,6 +108,8 @@ from .value import (
     _tables,
     _window_values,
     _write_cost,
+    family_roots,
+    shared_root,
 )
 
 __all__ = ["StreamedFutureReuse", "streamed_value_report", "streamed_values"]
@@ -372,6 +378,16 @@ def _request_times(t: StreamedTrace) -> np.ndarray:
     return req_ts
 
 
+def _block_ids(t: StreamedTrace) -> np.ndarray:
+    """The dense block id of every access, as a read-only memory map of the trace's
+    spill file (:meth:`kvtrace.stream.StreamedTrace.access_chunks` reads the same file):
+    the shared root and the prefix families read a few positions per request and one
+    per block, which a pass over every chunk would read in full."""
+    if t.n_accesses == 0:
+        return np.empty(0, dtype=stream_mod._ID_DTYPE)
+    return np.memmap(t.spill / "blocks", dtype=stream_mod._ID_DTYPE, mode="r", shape=(t.n_accesses,))
+
+
 def _next_accesses(t: StreamedTrace, progress: Progress | None) -> Path:
     """Pass 1: the spill file ``value-next`` (int64 next access per access, -1: none)."""
     path = t.spill / "value-next"
@@ -436,13 +452,17 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
     finally:
         flags_path.unlink(missing_ok=True)
     first_req, last_req, hits, cost = cols.pop("first_req"), cols.pop("last_req"), cols.pop("hits"), cols.pop("cost")
+    blocks_file = _block_ids(t)
+    shared = shared_root(t._req_start, blocks_file)
+    root = family_roots(first_req, t._req_start, blocks_file, shared[0], dtype=index_dtype(M))
+    del blocks_file
     parked = _Parked(t.spill.parent, first_req=first_req, last_req=last_req, hits=hits, cost=cost)
     del first_req, last_req, hits, cost
-    blocks = {"root_block": cols.pop("root"), "accesses": accesses, "gain_gpu_seconds": cols.pop("gain_s"),
+    blocks = {"root_block": root, "accesses": accesses, "gain_gpu_seconds": cols.pop("gain_s"),
               "total_value_dollars": cols.pop("total"), "clairvoyant_value_dollars": cols.pop("free")}
-    del accesses
+    del accesses, root
     cols["positive_window_value"] = positive
-    per_prefix_df, summary = _tables(t, fut, N, blocks, cols)
+    per_prefix_df, summary = _tables(t, fut, N, blocks, cols, shared)
 
     def per_block() -> pl.DataFrame:
         more = parked.load()
@@ -473,13 +493,12 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
     hits = np.zeros(M, dtype=idx)
     first_req = np.full(M, -1, dtype=ridx)
     last_req = np.zeros(M, dtype=ridx)
-    root = np.zeros(M, dtype=index_dtype(M))
     write_sum, read_sum, occ_sum = PairwiseSum(N), PairwiseSum(N), PairwiseSum(N)
     no_reuse = 0
     chunks = t.access_chunks(size=_chunk_accesses(), extra=[(next_path, np.int64), (flags_path, np.uint8)])
     with contextlib.closing(chunks):
         for ch in chunks:
-            r, block, lrs, local_req = ch.r, ch.block, ch.lrs, ch.local_req
+            r, block, local_req = ch.r, ch.block, ch.local_req
             next_t, flags = ch.extra
             keep, starts_stay = (flags & 1).view(bool), (flags >> 1).view(bool)
             ts = req_ts[r + local_req]
@@ -494,14 +513,14 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
             best_keep_value_into(block, keep, _clairvoyant_interval(fut.info, interval_gain, read_acc, occ_acc, keep),
                                  _write_cost(c, nbytes), stored, free)
             count_at(hits, block, ~starts_stay)
-            block_extent(block, local_req, r, first_req, last_req, root, lrs)
+            block_extent(block, local_req, r, first_req, last_req)
             write_sum.add(write_acc)
             read_sum.add(read_acc)
             occ_sum.add(occ_acc)
             no_reuse += int(np.count_nonzero(~keep))
             progress(ch.hi)
     return {"gain_s": gain_s, "cost": cost, "total": total, "free": free, "hits": hits, "first_req": first_req,
-            "last_req": last_req, "root": root, "write_cost_dollars": write_sum.value,
+            "last_req": last_req, "write_cost_dollars": write_sum.value,
             "read_cost_dollars": read_sum.value, "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse}
 
 

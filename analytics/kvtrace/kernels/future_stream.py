@@ -139,17 +139,16 @@ def lead_lag_windows(lead_block, lead_ts, lead_tokens, lead_q, lead_lo, i,
 
 
 @njit(**NJIT)
-def block_extent(block, local_req, req_lo, first_req, last_req, root, req_start_local):
-    """First and last request of each block and its root (block at position 0 of the
-    request where it first appears), one chunk of whole requests at a time.
+def block_extent(block, local_req, req_lo, first_req, last_req):
+    """First and last request of each block, one chunk of whole requests at a time.
 
     ``first_req`` starts at -1 (unseen); ``req_lo`` is the chunk's first request and
-    ``req_start_local`` its requests' offsets within the chunk.
+    ``local_req`` each access's request within the chunk. (A block's prefix family is
+    read afterwards from its first request: :func:`kvtrace.value.family_roots`.)
     """
     for t in range(block.shape[0]):
         b = block[t]
         r = local_req[t]
         if first_req[b] < 0:
             first_req[b] = req_lo + r
-            root[b] = block[req_start_local[r]]
         last_req[b] = req_lo + r
