@@ -50,7 +50,7 @@ def _app_env(monkeypatch):
     """As ``streamlit run`` does: the entry file's directory on sys.path; no launch trace."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
     for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES):
+              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -504,9 +504,13 @@ def test_server_path_source(tmp_path):
     at = launch()
     set_sidebar(at, "kv_source", "server path")
     assert any("Choose a trace" in i.value for i in at.info)
-    set_sidebar(at, "kv_path", str(tmp_path / "missing.jsonl"))
-    assert len(at.error) == 1 and "no such file" in at.error[0].value
+    assert any(f"Data directory: `{MIXED.parent.resolve()}`" in c.value and "4 GiB" in c.value
+               for c in at.sidebar.caption)  # the samples by default, and the size limit
+    set_sidebar(at, "kv_path", "missing.jsonl")
+    assert len(at.error) == 1 and at.error[0].value == "missing.jsonl: no such file"
     set_sidebar(at, "kv_path", str(MIXED))
+    assert metrics(at)["requests"] == "3,000"
+    set_sidebar(at, "kv_path", "mixed.parquet")  # relative to the data directory
     assert metrics(at)["requests"] == "3,000"
 
 
@@ -536,6 +540,7 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     synth.write(df, meta, a, "mooncake")
     b.write_bytes(a.read_bytes())
+    monkeypatch.setenv(appdata.ENV_DATA_DIR, str(tmp_path))
     at = launch()
     import kvapp.cached
 
@@ -631,7 +636,7 @@ def test_error_line_replaces_the_temporary_path():
     assert appdata.error_line(exc, "t.jsonl", internal_path="/tmp/kvtrace-upload-x/t.jsonl") == \
         "t.jsonl:3: field 'timestamp': expected a number"
     assert appdata.error_line(ValueError("bad\nmore"), "f.parquet") == \
-        "f.parquet: not a readable trace (ValueError: bad)"
+        "f.parquet: not a readable trace (ValueError)"  # a third-party message may quote the file
 
 
 # --------------------------------------------------------------------------- kvtrace app
@@ -658,6 +663,8 @@ def test_app_command_starts_streamlit(monkeypatch):
     assert opts["--server.port"] == "9123" and opts["--server.headless"] == "true"
     assert opts["--server.address"] == "localhost"
     assert env[appdata.ENV_TRACE] == str(MIXED.resolve()) and env[appdata.ENV_BLOCK_TOKENS] == "512"
+    assert env[appdata.ENV_DATA_DIR] == str(MIXED.parent.resolve())  # the trace's directory by default
+    assert env[appdata.ENV_MAX_TRACE_BYTES] == str(4 * GiB) and opts["--server.maxUploadSize"] == "4096"
 
     res = CliRunner().invoke(cli_app, ["app"])
     assert res.exit_code == 0

@@ -3,7 +3,8 @@ visited in Chromium (Debian's ``chromium`` package, driven by Playwright).
 
 Per page: the Vega charts are drawn (a canvas or an SVG inside each chart), no
 Streamlit exception box and no traceback is shown, and a screenshot is saved under
-the test's tmp dir. A bad upload shows one error line. Skips, saying why, only when
+the test's tmp dir. A bad upload shows one error line; a server path outside the data
+directory is refused, its content unread. Skips, saying why, only when
 Playwright or a Chromium binary is missing (``.ci/run`` installs Chromium with apt).
 """
 
@@ -179,6 +180,31 @@ def test_bad_upload_shows_one_line_in_a_real_browser(browser, server, tmp_path):
         text = alert.first.locator('[data-testid="stMarkdownContainer"]').inner_text().strip()
         assert len(text.splitlines()) == 1 and "bad.jsonl:1" in text, text
         page.screenshot(path=str(tmp_path / "bad_upload.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_a_path_outside_the_data_directory_is_refused_in_a_real_browser(browser, server, tmp_path):
+    secret = tmp_path / "secret.csv"
+    secret.write_text("aws_secret_access_key=AKIAIOSFODNN7EXAMPLE\n")
+    page = browser.new_page(viewport={"width": 1500, "height": 1400})
+    try:
+        page.goto(server, timeout=PAGE_TIMEOUT_MS)
+        page.wait_for_selector('[data-testid="stMetric"]', timeout=PAGE_TIMEOUT_MS)
+        page.get_by_text("server path", exact=True).click()
+        box = page.get_by_label("Trace path on the server", exact=True)
+        box.wait_for(timeout=PAGE_TIMEOUT_MS)
+        assert "Data directory:" in page.locator('[data-testid="stSidebar"]').inner_text()
+        box.fill(str(secret))
+        box.press("Enter")
+        alert = page.locator('[data-testid="stAlertContainer"]').filter(has_text="outside the data directory")
+        alert.first.wait_for(timeout=PAGE_TIMEOUT_MS)
+        _wait_idle(page)
+        _assert_no_exception(page)
+        text = alert.first.locator('[data-testid="stMarkdownContainer"]').inner_text().strip()
+        assert text.startswith(f"{secret}: outside the data directory") and len(text.splitlines()) == 1, text
+        assert "AKIA" not in page.locator('[data-testid="stApp"]').inner_text()
+        page.screenshot(path=str(tmp_path / "outside_root.png"), full_page=True)
     finally:
         page.close()
 

@@ -9,6 +9,11 @@ CLI calls (:func:`kvtrace.stats.trace_stats`, :func:`kvtrace.curves.compute_curv
   identified by the SHA-256 of its bytes plus the load options (:attr:`Loaded.key`),
   the key the app's caches use together with the analysis parameters. A source that
   cannot be read gives a one-line error (:attr:`Loaded.error`), never a traceback;
+- **the rules a browser is held to**: anyone who can open the page chooses what the
+  server reads, so a server path is confined to the data directory (``kvtrace app
+  --data-dir``; :func:`server_path`), sources are refused above a size limit before
+  they are read (``--max-trace-bytes``), and the page's error lines name the structure
+  that was expected, never content of the file (:func:`error_line`);
 - **chart tables**: small Polars tables (arrivals per minute, length and reuse-time
   histograms, curve lines per metric and group, latency percentiles) shaped from the
   library's results. They add no figures of their own: the tests check each against
@@ -19,12 +24,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import os
 import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import polars as pl
@@ -32,13 +40,19 @@ import polars as pl
 from .curves import GROUPINGS, KNEE_METRICS, CurveResult
 from .errors import KvtraceError
 from .trace import Trace
+from .units import format_bytes
 
 #: Environment variables ``kvtrace app`` sets for the Streamlit process.
 ENV_TRACE = "KVTRACE_APP_TRACE"
 ENV_FORMAT = "KVTRACE_APP_FORMAT"
 ENV_BLOCK_TOKENS = "KVTRACE_APP_BLOCK_TOKENS"
 ENV_SHARE_TENANTS = "KVTRACE_APP_SHARE_TENANTS"
+ENV_DATA_DIR = "KVTRACE_APP_DATA_DIR"
+ENV_MAX_TRACE_BYTES = "KVTRACE_APP_MAX_TRACE_BYTES"
 ENV_SAMPLES = "KVTRACE_SAMPLES"  # a directory of sample traces instead of the bundled one
+#: Default of ``kvtrace app --max-trace-bytes``: the largest trace file (or directory of
+#: shards, or upload) the dashboard reads.
+DEFAULT_MAX_TRACE_BYTES = 4 * 2**30
 
 _ROOT = Path(__file__).resolve().parents[2]  # the source checkout (analytics/kvtrace/appdata.py)
 APP_DIR = _ROOT / "app"
@@ -99,28 +113,171 @@ def launch_options() -> tuple[Path | None, LoadOptions]:
     return (Path(path) if path else None), opts
 
 
+def data_dir_default() -> Path:
+    """The data directory without ``--data-dir`` or a trace: the sample traces' directory."""
+    return Path(os.path.realpath(sample_dir()))
+
+
+def data_dir() -> Path:
+    """The directory server paths are confined to (``kvtrace app --data-dir``), resolved.
+
+    Default: the sample traces' directory (:func:`data_dir_default`).
+    """
+    return Path(os.path.realpath(os.environ.get(ENV_DATA_DIR) or data_dir_default()))
+
+
+def max_trace_bytes() -> int:
+    """The size limit in bytes of a server-path trace or an upload (``--max-trace-bytes``)."""
+    text = os.environ.get(ENV_MAX_TRACE_BYTES)
+    return int(text) if text else DEFAULT_MAX_TRACE_BYTES
+
+
+def upload_limit_mb(max_bytes: int) -> int:
+    """``max_bytes`` in Streamlit's upload-limit unit (MiB, rounded up, at least 1)."""
+    return max(1, -(-int(max_bytes) // 2**20))
+
+
+def _inside(path: str, root: str) -> bool:
+    return os.path.commonpath([path, root]) == root
+
+
+def _over_limit(size: int, max_bytes: int) -> str:
+    return (f"{format_bytes(size)}, above the dashboard's limit of {format_bytes(max_bytes)} per trace "
+            "(kvtrace app --max-trace-bytes)")
+
+
+def server_path(text: str, root: str | os.PathLike, *, max_bytes: int) -> Path:
+    """The trace a path typed in the page names, or a one-line refusal.
+
+    A relative path is relative to ``root``. The path is resolved (``..``, symlinks:
+    :func:`os.path.realpath`) and must stay inside ``root``
+    (:func:`os.path.commonpath`); it must be a regular file, or a directory whose JSONL
+    shards are regular files inside ``root`` too (FIFOs, devices and sockets are
+    refused: reading them may never end); and it may hold at most ``max_bytes``.
+    Nothing is opened: only ``stat`` and directory listings.
+
+    Parameters
+    ----------
+    text : str
+        The path as typed; error messages name it so.
+    root : path-like
+        The data directory.
+    max_bytes : int
+        Size limit in bytes (a directory: its shards together).
+
+    Returns
+    -------
+    Path
+        The resolved path.
+
+    Raises
+    ------
+    KvtraceError
+        Outside ``root``, missing, not a regular file or directory, or too large.
+    """
+    root_real = os.path.realpath(root)
+    try:
+        real = os.path.realpath(os.path.join(root_real, text))
+    except ValueError:  # an embedded NUL
+        raise KvtraceError("not a valid path", path=repr(text)) from None
+    if not _inside(real, root_real):  # checked first: outside, existing or not, is one answer
+        raise KvtraceError(f"outside the data directory {root_real}: the dashboard reads traces under it only "
+                           "(kvtrace app --data-dir)", path=text)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        raise KvtraceError("no such file", path=text) from None
+    except OSError as exc:
+        raise KvtraceError(exc.strerror or "cannot be read", path=text) from None
+    if stat.S_ISDIR(st.st_mode):
+        size = sum(s.st_size for s in _shard_stats(real, root_real, text))
+    elif stat.S_ISREG(st.st_mode):
+        size = st.st_size
+    else:
+        raise KvtraceError("not a regular file (a device, FIFO or socket): expected a trace file or a directory "
+                           "of JSONL shards", path=text)
+    if size > max_bytes:
+        raise KvtraceError(_over_limit(size, max_bytes), path=text)
+    return Path(real)
+
+
+def _shard_stats(directory: str, root: str, text: str) -> list[os.stat_result]:
+    """``stat`` of each JSONL shard of a directory, each checked as :func:`server_path` checks a file."""
+    from .ingest.jsonl import shard_files
+
+    out = []
+    for f in shard_files(directory)[0]:
+        real = os.path.realpath(f)
+        name = os.path.basename(f)
+        if not _inside(real, root):
+            raise KvtraceError(f"shard {name} is outside the data directory {root}", path=text)
+        st = os.stat(real)
+        if not stat.S_ISREG(st.st_mode):
+            raise KvtraceError(f"shard {name} is not a regular file", path=text)
+        out.append(st)
+    return out
+
+
+def _source_files(path: str) -> list[str]:
+    """The files a source is read from: itself, or a directory's shards in read order."""
+    if os.path.isdir(path):
+        from .ingest.jsonl import shard_files
+
+        return shard_files(path)[0]
+    return [path]
+
+
 def bytes_sha256(data: bytes) -> str:
     """Hex SHA-256 of ``data``."""
     return hashlib.sha256(data).hexdigest()
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """Hex SHA-256 of a file's bytes, read in 4 MiB chunks."""
+def file_sha256(path: str | os.PathLike, *, max_bytes: int | None = None,
+                progress: Callable[[int, int], None] | None = None) -> str:
+    """Hex SHA-256 of a file's bytes, read in 4 MiB chunks (a directory of shards: each
+    shard's name and bytes, in read order).
+
+    Parameters
+    ----------
+    path : path-like
+    max_bytes : int, optional
+        Read at most this many bytes (a file that grew past it is refused).
+    progress : callable, optional
+        ``progress(bytes_done, bytes_total)`` after each chunk; it may raise to stop.
+
+    Raises
+    ------
+    KvtraceError
+        More than ``max_bytes``.
+    """
+    files = _source_files(os.fspath(path))
+    total = sum(os.stat(f).st_size for f in files)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_HASH_CHUNK):
-            h.update(chunk)
+    done = 0
+    for name in files:
+        if len(files) > 1 or name != os.fspath(path):
+            h.update(os.path.basename(name).encode("utf-8", "surrogateescape") + b"\0")
+        with open(name, "rb") as f:
+            while chunk := f.read(_HASH_CHUNK):
+                done += len(chunk)
+                if max_bytes is not None and done > max_bytes:
+                    raise KvtraceError(_over_limit(done, max_bytes), path=str(path))
+                h.update(chunk)
+                if progress is not None:
+                    progress(done, max(total, done))
     return h.hexdigest()
 
 
 def file_signature(path: str | os.PathLike) -> tuple[str, int, int]:
     """(resolved path, size, mtime_ns): changes whenever the file's content may have.
 
-    The app hashes a file's content once per signature instead of on every rerun.
+    A directory of shards: its shards' total size and the latest mtime of it and of
+    them. The app hashes a file's content once per signature instead of on every rerun.
     """
     p = Path(path).expanduser().resolve()
-    st = p.stat()
-    return str(p), int(st.st_size), int(st.st_mtime_ns)
+    stats = [os.stat(f) for f in _source_files(str(p))]
+    mtime = max([p.stat().st_mtime_ns, *(s.st_mtime_ns for s in stats)])
+    return str(p), int(sum(s.st_size for s in stats)), int(mtime)
 
 
 @dataclass
@@ -160,24 +317,59 @@ def trace_key(digest: str, options: LoadOptions) -> str:
     return f"sha256:{digest}:{options.tag}"
 
 
-def error_line(exc: BaseException, label: str, internal_path: str | None = None) -> str:
-    """One line for a source that failed to load (no traceback).
+#: Where a kvtrace message turns from what was expected to what the file held
+#: (``expected numbers, got 'soon'``; ``...; found columns: a, b``): cut there.
+_FOUND = re.compile(r"(?:[,;:]\s*|\s)(?:got|found)\s.*$", re.DOTALL)
 
-    ``internal_path`` (a temporary copy of an upload) is replaced by ``label``.
+
+def _third_party_texts(exc: BaseException) -> list[str]:
+    """First lines of the non-kvtrace exceptions behind ``exc`` (its cause and context
+    chain): Polars, Arrow, zlib ... messages quote the bytes they failed on."""
+    out, seen, todo = [], set(), [exc.__cause__, exc.__context__]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+        if isinstance(e, (KvtraceError, json.JSONDecodeError)):  # JSON's own messages never quote the text
+            continue
+        for text in (str(e), str(getattr(e, "msg", "") or "")):
+            if text.strip():
+                out.append(text.strip().splitlines()[0])
+    return sorted(set(out), key=len, reverse=True)
+
+
+def _structure_only(message: str, exc: BaseException) -> str:
+    """``message`` without the file's content: third-party text and what was found."""
+    for text in _third_party_texts(exc):
+        message = message.replace(text, "")
+    message = _FOUND.sub("", message)
+    message = re.sub(r"\s*\(\s*\)", "", message)  # "corrupt gzip stream ()"
+    return re.sub(r"[\s:;,]+$", "", message) or "not a readable trace"
+
+
+def error_line(exc: BaseException, label: str, internal_path: str | None = None) -> str:
+    """One line for a source that failed to load (no traceback), as the page shows it.
+
+    The line names the file, the line or row, the field and what was expected, never
+    what the file holds: the value found (``..., got 'soon'``, ``found columns: ...``)
+    and any third-party exception text (Polars, Arrow, zlib messages quote the bytes
+    they failed on) are dropped. ``internal_path`` (a temporary copy of an upload) is
+    replaced by ``label``.
     """
     if isinstance(exc, KvtraceError):
         path = exc.path
         if path is None or (internal_path is not None and str(path) == str(internal_path)):
             path = label
-        err = type(exc)(exc.message, path=path, line=exc.line, row=exc.row, field=exc.field)
+        err = type(exc)(_structure_only(exc.message, exc), path=path, line=exc.line, row=exc.row, field=exc.field)
         text = err.one_line()
     elif isinstance(exc, MemoryError):
         text = f"{label}: out of memory while reading the trace: try a smaller trace or the CLI with --sample-rate"
     elif isinstance(exc, OSError):
-        text = f"{label}: {exc.strerror or exc}"
+        text = f"{label}: {exc.strerror or type(exc).__name__}"
     else:
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        text = f"{label}: not a readable trace ({type(exc).__name__}: {detail})"
+        text = f"{label}: not a readable trace ({type(exc).__name__})"
     if internal_path is not None:
         text = text.replace(str(internal_path), label)
     return " ".join(text.split())
@@ -186,13 +378,16 @@ def error_line(exc: BaseException, label: str, internal_path: str | None = None)
 def _load(path: str, options: LoadOptions) -> Trace:
     from .ingest import load_trace
 
+    # workload "stats" (the first page): the memory guard bounds decompression and refuses
+    # a trace that would not fit before parsing it
     return load_trace(path, fmt=options.fmt, block_tokens=options.block_tokens,
-                      share_tenants=options.share_tenants)
+                      share_tenants=options.share_tenants, workload="stats")
 
 
 def load_file(path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, digest: str | None = None,
               label: str | None = None) -> Loaded:
-    """Read a trace file on this machine (a sample or a server-side path).
+    """Read a trace file (or directory of JSONL shards) on this machine: a sample, or a
+    server-side path already checked by :func:`server_path`.
 
     Parameters
     ----------
@@ -208,8 +403,6 @@ def load_file(path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, 
     try:
         if not p.exists():
             raise KvtraceError("no such file", path=str(path))
-        if p.is_dir():
-            raise KvtraceError("is a directory, expected a trace file", path=str(path))
         digest = digest or file_sha256(p)
         trace = _load(str(p), options)
     except Exception as exc:  # noqa: BLE001 - every failure becomes one line in the page
@@ -223,15 +416,18 @@ def _safe_name(name: str) -> str:
 
 
 def load_upload(name: str, data: bytes, options: LoadOptions = LoadOptions(), *,
-                digest: str | None = None) -> Loaded:
+                digest: str | None = None, max_bytes: int | None = None) -> Loaded:
     """Read an uploaded trace (its bytes; the name's suffix tells the format).
 
     The bytes are written to a private temporary file under the upload's name (the
-    readers detect the format from the suffix), read, and the file removed.
+    readers detect the format from the suffix), read, and the file removed. Above
+    ``max_bytes`` the upload is refused before anything is written or read.
     """
+    label = Path(name).name or "upload"
+    if max_bytes is not None and len(data) > max_bytes:
+        return Loaded(None, "", label, f"{label}: {_over_limit(len(data), max_bytes)}", label)
     digest = digest or bytes_sha256(data)
     key = trace_key(digest, options)
-    label = Path(name).name or "upload"
     with tempfile.TemporaryDirectory(prefix="kvtrace-upload-") as tmp:
         path = os.path.join(tmp, _safe_name(name))
         try:
@@ -577,7 +773,8 @@ def sizing_table(result, lens: str) -> pl.DataFrame:
 
 
 def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 8501, headless: bool = False,
-                      options: LoadOptions = LoadOptions()) -> tuple[list[str], dict[str, str]]:
+                      options: LoadOptions = LoadOptions(), data_dir: str | os.PathLike | None = None,
+                      max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> tuple[list[str], dict[str, str]]:
     """The command line and environment that serve the dashboard (``kvtrace app``).
 
     Parameters
@@ -590,31 +787,50 @@ def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 850
         Do not open a browser tab.
     options : LoadOptions
         How to read ``trace``.
+    data_dir : path-like, optional
+        The directory server paths typed in the page are confined to (default: the
+        directory of ``trace``, else the sample traces' directory).
+    max_trace_bytes : int
+        Size limit in bytes of a server-path trace or an upload (Streamlit's upload
+        limit is set from it).
 
     Returns
     -------
     (argv, env)
         ``python -m streamlit run app/kvtrace_app.py ...`` and the environment that
-        passes the trace to the app.
+        passes the trace, the data directory and the limit to the app.
 
     Raises
     ------
     KvtraceError
-        The trace does not exist, or this copy of kvtrace has no ``app/`` directory.
+        The trace does not exist or is outside ``data_dir``, ``data_dir`` is not a
+        directory, or this copy of kvtrace has no ``app/`` directory.
     """
     import sys
 
     if not APP_ENTRY.is_file():
         raise KvtraceError("the dashboard (app/) is not installed with this copy of kvtrace: run kvtrace app "
                            "from a source checkout (pip install -e .)", path=str(APP_ENTRY))
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_TRACE, ENV_FORMAT, ENV_BLOCK_TOKENS, ENV_SHARE_TENANTS)}
+    ours = (ENV_TRACE, ENV_FORMAT, ENV_BLOCK_TOKENS, ENV_SHARE_TENANTS, ENV_DATA_DIR, ENV_MAX_TRACE_BYTES)
+    env = {k: v for k, v in os.environ.items() if k not in ours}
+    if max_trace_bytes < 1:
+        raise KvtraceError(f"expected at least one byte, got {max_trace_bytes}", field="max-trace-bytes")
+    root = None
+    if data_dir is not None:
+        root = os.path.realpath(Path(data_dir).expanduser())
+        if not os.path.isdir(root):
+            raise KvtraceError("not a directory", path=str(data_dir), field="data-dir")
     if trace is not None:
         p = Path(trace).expanduser()
         if not p.exists():
             raise KvtraceError("no such file", path=str(trace))
-        if p.is_dir():
-            raise KvtraceError("is a directory, expected a trace file", path=str(trace))
-        env[ENV_TRACE] = str(p.resolve())
+        real = os.path.realpath(p)
+        root = root or (real if p.is_dir() else os.path.dirname(real))
+        if not _inside(real, root):
+            raise KvtraceError(f"outside --data-dir {root}: the dashboard reads traces under it only", path=str(trace))
+        env[ENV_TRACE] = real
+    env[ENV_DATA_DIR] = root or str(data_dir_default())
+    env[ENV_MAX_TRACE_BYTES] = str(int(max_trace_bytes))
     env[ENV_FORMAT] = options.fmt
     if options.block_tokens:
         env[ENV_BLOCK_TOKENS] = str(int(options.block_tokens))
@@ -624,5 +840,6 @@ def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 850
             "--server.port", str(int(port)), "--server.address", "localhost",
             "--server.headless", "true" if headless else "false",
             "--browser.serverAddress", "localhost", "--browser.gatherUsageStats", "false",
-            "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal"]
+            "--server.fileWatcherType", "none", "--client.toolbarMode", "minimal",
+            "--server.maxUploadSize", str(upload_limit_mb(max_trace_bytes))]
     return argv, env

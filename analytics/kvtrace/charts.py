@@ -1,4 +1,10 @@
-"""Altair charts of kvtrace results (HTML self-contained; PNG/SVG rendered offline)."""
+"""Altair charts of kvtrace results (HTML self-contained; PNG/SVG rendered offline).
+
+Every builder draws whatever its table holds, none included: a trace of zero-length
+prompts has no capacity to plot, no flash traffic and no latency. Such a chart is an
+empty frame with a note saying why (:func:`no_data_note`), never an error; and every
+field is typed (``:Q``, ``:N``), since Altair cannot infer the type of an empty column.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +24,15 @@ CURVE_METRICS = {
     "block_hit_rate": "any-block blocks",
 }
 PLOT_FORMATS = ("html", "png", "svg")
+#: The note of a capacity-hit curve with fewer than two capacities to draw a line through.
+NO_CURVE = "no curve to draw: fewer than two capacities (the trace has few or no block accesses)"
+
+
+def no_data_note(text: str) -> alt.Chart:
+    """A text layer for a chart with nothing to draw, saying why (top left of the frame)."""
+    return alt.Chart(pl.DataFrame({"note": [text]})).mark_text(
+        align="left", baseline="top", color="gray", fontSize=13).encode(
+        x=alt.value(8), y=alt.value(8), text="note:N")
 
 
 def curve_chart(result, *, metrics=tuple(CURVE_METRICS), marks: dict[str, float] | None = None,
@@ -46,9 +61,11 @@ def curve_chart(result, *, metrics=tuple(CURVE_METRICS), marks: dict[str, float]
         alt.Chart(long)
         .mark_line(interpolate="step-after")
         .encode(x=x, y=alt.Y("rate:Q", title="hit rate", scale=alt.Scale(domain=[0, 1])),
-                color=alt.Color("metric:N", title=None), tooltip=["metric", "capacity_gib", "rate"])
+                color=alt.Color("metric:N", title=None), tooltip=["metric:N", "capacity_gib:Q", "rate:Q"])
     )
     layers = [lines]
+    if long.drop_nulls("rate")["capacity_gib"].n_unique() < 2:  # a line needs two capacities
+        layers.append(no_data_note(NO_CURVE))
     knees = result.knees.filter(pl.col("metric") == "prefix_token_hit_rate").drop_nulls("capacity_bytes")
     if knees.height:
         kd = knees.with_columns(
@@ -58,7 +75,8 @@ def curve_chart(result, *, metrics=tuple(CURVE_METRICS), marks: dict[str, float]
         layers.append(
             alt.Chart(kd)
             .mark_point(shape="diamond", size=60, filled=True, color="black")
-            .encode(x="capacity_gib:Q", y="target_rate:Q", tooltip=["label", "capacity_gib", "target_rate"])
+            .encode(x="capacity_gib:Q", y="target_rate:Q",
+                    tooltip=["label:N", "capacity_gib:Q", "target_rate:Q"])
         )
     ceiling = result.ceiling.get("prefix_token_hit_rate")
     if ceiling is not None:
@@ -113,9 +131,12 @@ def frontier_chart(table) -> alt.LayerChart:
         x=alt.X("writes_tib_per_day:Q", title="flash writes (TiB/day)"),
         y=alt.Y("flash_share:Q", title="share of prompt tokens served from flash", axis=alt.Axis(format="%")),
         color=alt.Color("config:N", title=None),
-        tooltip=["config", "flash_share", "writes_tib_per_day", "hit_rate_compute"],
+        tooltip=["config:N", "flash_share:Q", "writes_tib_per_day:Q", "hit_rate_compute:Q"],
     )
-    return alt.layer(points).properties(width=640, height=360, title="Flash admission frontier: gain vs wear")
+    layers = [points]
+    if df.height == 0:
+        layers.append(no_data_note("no configuration to draw"))
+    return alt.layer(*layers).properties(width=640, height=360, title="Flash admission frontier: gain vs wear")
 
 
 def sizing_curve_chart(result) -> alt.LayerChart:
@@ -171,23 +192,25 @@ def cost_slo_chart(result) -> alt.LayerChart:
         alt.Chart(pts).mark_point(opacity=0.35, size=30).encode(
             x=x, y=y, color=alt.Color("candidate:N", title="candidate"),
             shape=alt.Shape("within_limits:N", title="within bandwidth and endurance"),
-            tooltip=["candidate", "monthly_cost_usd", metric, "total_gib", "within_limits"]),
+            tooltip=["candidate:N", "monthly_cost_usd:Q", f"{metric}:Q", "total_gib:Q", "within_limits:N"]),
         alt.Chart(front).mark_line(interpolate="step-after", color="gray", strokeDash=[2, 2]).encode(x=x, y=y),
     ]
     if target is not None:
         layers.append(alt.Chart(pl.DataFrame({"target": [float(target)], "label": [f"SLO {label}"]}))
-                      .mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y="target:Q", tooltip=["label"]))
+                      .mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y="target:Q", tooltip=["label:N"]))
     conf = result.candidates.filter((pl.col("lens") == "same-slo") & pl.col("config").is_not_null()).select(
         "candidate", "config", "policy", "monthly_cost_usd", metric, "feasible").filter(pl.col(metric) > 0)
     layers.append(alt.Chart(conf).mark_point(size=140, filled=True, shape="diamond").encode(
         x=x, y=y, color=alt.Color("candidate:N"), stroke=alt.value("black"),
-        tooltip=["candidate", "config", "policy", "monthly_cost_usd", metric, "feasible"]))
+        tooltip=["candidate:N", "config:N", "policy:N", "monthly_cost_usd:Q", f"{metric}:Q", "feasible:N"]))
     rec = result.recommendation
     if rec.figures.get(metric):
         star = pl.DataFrame({"monthly_cost_usd": [rec.figures["monthly_cost_usd"]], metric: [rec.figures[metric]],
                              "label": [f"recommended: {rec.candidate}"]})
         layers.append(alt.Chart(star).mark_point(shape="cross", size=400, color="black", strokeWidth=2).encode(
-            x=x, y=y, tooltip=["label", "monthly_cost_usd", metric]))
+            x=x, y=y, tooltip=["label:N", "monthly_cost_usd:Q", f"{metric}:Q"]))
+    if pts.height == 0 and conf.height == 0:
+        layers.append(no_data_note(f"no configuration has a {label} reusable-prefix time above 0 ms to draw"))
     return alt.layer(*layers).properties(
         width=640, height=360,
         title=alt.TitleParams("Cost against the SLO metric", subtitle="small points: search estimates (admit-all); "

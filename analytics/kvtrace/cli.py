@@ -474,19 +474,24 @@ def app_command(
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Directory that paths typed in the page are confined to (default: TRACE's directory, else the bundled samples)."),
+    max_trace_bytes: str = typer.Option("4GiB", "--max-trace-bytes", help="Largest trace file, directory of shards or upload the page reads, e.g. 4GiB."),
 ) -> None:
     """Interactive dashboard (Streamlit): overview, curves, what-ifs and sizing in the browser.
 
     Serves on localhost until Ctrl+C; opens on TRACE, or on the bundled sample when
-    none is given. Every figure comes from the same functions as the commands.
+    none is given. Every figure comes from the same functions as the commands. Paths
+    typed in the page are read under --data-dir only, up to --max-trace-bytes.
     """
     import signal
     import subprocess
 
     from .appdata import LoadOptions, streamlit_command
+    from .units import parse_size
 
     argv, env = streamlit_command(trace_path, port=port, headless=headless,
-                                  options=LoadOptions(fmt.value, block_tokens, share_tenants))
+                                  options=LoadOptions(fmt.value, block_tokens, share_tenants), data_dir=data_dir,
+                                  max_trace_bytes=parse_size(max_trace_bytes, field="max-trace-bytes"))
     err_console.print(f"kvtrace app: serving on http://localhost:{port} (Ctrl+C stops it)", markup=False)
     proc = subprocess.Popen(argv, env=env)
     stopped = []

@@ -1619,6 +1619,11 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
                f"; it breaks even at a realisation ratio of {_pct(be)}")
     if top["candidate"] == "keep-dram":
         reasons.append(f"It costs {_usd(top['monthly_cost_usd'])}/month and needs no new spend.")
+    elif top["gpu_hours_freed"] is None:  # a trace that spans no time has no rate per month
+        reasons.append(
+            f"It costs {_usd(top['monthly_cost_usd'])}/month ({_signed_usd(top['incremental_monthly_usd'])} vs today's "
+            f"{keep['config']}); the trace spans no time (its requests share one timestamp), so the GPU-hours it "
+            "frees per month, their value and the net are unknown: replay a longer trace.")
     else:
         reasons.append(
             f"It costs {_usd(top['monthly_cost_usd'])}/month ({_signed_usd(top['incremental_monthly_usd'])} vs today's "

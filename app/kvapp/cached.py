@@ -6,6 +6,10 @@ large inputs are passed as ``_``-prefixed arguments, which Streamlit leaves out 
 the key. Traces and reuse distances are shared objects (``cache_resource``); results
 are copied per session (``cache_data``). The bodies call the same library functions
 as the corresponding CLI commands.
+
+Long work reports progress, and every progress callback is also where the work stops
+when its script run is asked to (:func:`stop_if_asked`): a closed browser tab (its
+session is disconnected and the run told to stop), a new run after a widget change.
 """
 
 from __future__ import annotations
@@ -22,11 +26,31 @@ from kvtrace.response import ResponseModel
 from kvtrace.stats import trace_stats
 from kvtrace.whatif import TierConfig, simulate
 
+try:  # Streamlit >= 1.50: the check every st.* call makes, raising StopException / RerunException
+    from streamlit.runtime.scriptrunner_utils.script_run_context import get_run_yield_check
+except ImportError:  # pragma: no cover - older Streamlit: stop at the next drawn progress step only
+    def get_run_yield_check():
+        return None
+
 _PROGRESS_STEPS = 50  # at most this many progress messages per computation (they are recorded for replay)
 
 
+def stop_if_asked() -> None:
+    """Raise Streamlit's StopException (or RerunException) when this script run has
+    been asked to stop (its session closed) or to rerun; nothing otherwise.
+
+    Streamlit checks this only when the script draws something, and a progress bar is
+    redrawn at most :data:`_PROGRESS_STEPS` times: without this call, work between two
+    steps (or a whole computation without a bar) would run to its end for nobody.
+    """
+    check = get_run_yield_check()
+    if check is not None:
+        check()
+
+
 def _progress_bar(label: str):
-    """A progress bar drawn inside a cached function and removed at its end.
+    """A progress bar drawn inside a cached function and removed at its end; its
+    update function stops the work when the run is asked to (:func:`stop_if_asked`).
 
     Drawn inside the function, so that Streamlit's replay of a cache hit (which
     re-enqueues the elements the function drew) finds the bar it updates.
@@ -35,6 +59,7 @@ def _progress_bar(label: str):
     last = [-1]
 
     def update(done: int, total: int) -> None:
+        stop_if_asked()
         frac = min(1.0, done / total) if total else 1.0
         step = int(frac * _PROGRESS_STEPS)
         if step != last[0]:
@@ -48,9 +73,13 @@ def _progress_bar(label: str):
 
 
 @st.cache_data(show_spinner=False, max_entries=64)
-def file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """SHA-256 of a file, once per (path, size, mtime)."""
-    return appdata.file_sha256(path)
+def file_digest(path: str, size: int, mtime_ns: int, max_bytes: int) -> str:
+    """SHA-256 of a file (or directory of shards), once per (path, size, mtime); reads
+    at most ``max_bytes``."""
+    bar, update = _progress_bar(f"Hashing {size:,} bytes")
+    digest = appdata.file_sha256(path, max_bytes=max_bytes, progress=update)
+    bar.empty()
+    return digest
 
 
 @st.cache_resource(show_spinner="Reading the trace…", max_entries=3)
@@ -61,10 +90,11 @@ def trace_from_file(key: str, _path: str, _options: appdata.LoadOptions) -> appd
 
 
 @st.cache_resource(show_spinner="Reading the uploaded trace…", max_entries=3)
-def trace_from_upload(key: str, _name: str, _data: bytes, _options: appdata.LoadOptions) -> appdata.Loaded:
+def trace_from_upload(key: str, _name: str, _data: bytes, _options: appdata.LoadOptions,
+                      _max_bytes: int | None = None) -> appdata.Loaded:
     """An uploaded trace, read once per content."""
     digest = key.split(":")[1]
-    return appdata.load_upload(_name, _data, _options, digest=digest)
+    return appdata.load_upload(_name, _data, _options, digest=digest, max_bytes=_max_bytes)
 
 
 # --------------------------------------------------------------------------- overview
@@ -147,6 +177,7 @@ def sizing(key: str, config_toml: str, trace_name: str, _trace, _config):
     last = [-1]
 
     def update(frac: float, message: str) -> None:
+        stop_if_asked()
         step = int(frac * _PROGRESS_STEPS)
         if step != last[0]:
             last[0] = step

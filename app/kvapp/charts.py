@@ -1,11 +1,14 @@
 """Altair charts of the dashboard, drawn from kvtrace result tables (no figures of
 their own). The what-if frontier is :func:`kvtrace.charts.frontier_chart`, the chart
-``kvtrace whatif --plot`` writes."""
+``kvtrace whatif --plot`` writes. As there, an empty table gives an empty frame with a
+note (:func:`kvtrace.charts.no_data_note`), and every field is typed."""
 
 from __future__ import annotations
 
 import altair as alt
 import polars as pl
+
+from kvtrace.charts import NO_CURVE, no_data_note
 
 HEIGHT = 300
 
@@ -15,28 +18,33 @@ def arrivals(df: pl.DataFrame) -> alt.LayerChart:
     bars = alt.Chart(df).mark_area(interpolate="step-after", opacity=0.7).encode(
         x=alt.X("minute:Q", title="minutes from the first arrival"),
         y=alt.Y("requests:Q", title="requests per minute"),
-        tooltip=["minute", "requests"],
+        tooltip=["minute:Q", "requests:Q"],
     )
     mean = alt.Chart(df).mark_rule(strokeDash=[4, 4], color="gray").encode(y="mean(requests):Q")
-    return alt.layer(bars, mean).properties(width="container", height=HEIGHT, title="Arrivals over time")
+    layers = [bars, mean] + ([no_data_note("no requests")] if df.height == 0 else [])
+    return alt.layer(*layers).properties(width="container", height=HEIGHT, title="Arrivals over time")
 
 
-def log_histogram(df: pl.DataFrame, *, x_title: str, y_title: str, title: str, unit: str) -> alt.Chart:
+def log_histogram(df: pl.DataFrame, *, x_title: str, y_title: str, title: str, unit: str,
+                  empty: str = "no values") -> alt.LayerChart:
     """Bars over ``[bin_lo, bin_hi)`` on a log axis; a ``[0, x)`` first bin is drawn
-    from x/2 (a log axis has no 0) and labelled ``< x``."""
+    from x/2 (a log axis has no 0) and labelled ``< x``. ``empty``: the note of a chart
+    without bins."""
     d = df.with_columns(
         pl.when(pl.col("bin_lo") > 0).then(pl.col("bin_lo")).otherwise(pl.col("bin_hi") / 2).alias("x0"),
         pl.when(pl.col("bin_lo") > 0)
         .then(pl.format("{} to {} " + unit, pl.col("bin_lo").round_sig_figs(3), pl.col("bin_hi").round_sig_figs(3)))
         .otherwise(pl.format("< {} " + unit, pl.col("bin_hi"))).alias("range"),
     )
-    return alt.Chart(d).mark_rect(stroke="white", strokeWidth=0.5).encode(
+    bars = alt.Chart(d).mark_rect(stroke="white", strokeWidth=0.5).encode(
         x=alt.X("x0:Q", scale=alt.Scale(type="log"), title=x_title, axis=alt.Axis(tickCount=8)),
         x2="bin_hi:Q",
         y=alt.Y("count:Q", title=y_title),
         y2=alt.datum(0),
         tooltip=["range:N", "count:Q"],
-    ).properties(width="container", height=HEIGHT, title=title)
+    )
+    layers = [bars] + ([no_data_note(empty)] if d.height == 0 else [])
+    return alt.layer(*layers).properties(width="container", height=HEIGHT, title=title)
 
 
 def curve(lines: pl.DataFrame, knees: pl.DataFrame, ceiling: float | None, marks: dict[str, int],
@@ -54,21 +62,24 @@ def curve(lines: pl.DataFrame, knees: pl.DataFrame, ceiling: float | None, marks
             x=x, y="lo:Q", y2="hi:Q", color=alt.Color("group:N", title=None)))
     layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
         x=x, y=y, color=alt.Color("group:N", title=None),
-        tooltip=["group", alt.Tooltip("capacity_gib:Q", format=",.3g"), alt.Tooltip("rate:Q", format=".2%")]))
+        tooltip=["group:N", alt.Tooltip("capacity_gib:Q", format=",.3g"), alt.Tooltip("rate:Q", format=".2%")]))
+    if lines.drop_nulls("rate")["capacity_gib"].n_unique() < 2:  # a line needs two capacities
+        layers.append(no_data_note(NO_CURVE))
     if ceiling is not None:
         c = pl.DataFrame({"rate": [ceiling], "label": [f"ceiling (infinite cache): {100 * ceiling:.2f}%"]})
-        layers.append(alt.Chart(c).mark_rule(strokeDash=[4, 4], color="gray").encode(y="rate:Q", tooltip=["label"]))
+        layers.append(alt.Chart(c).mark_rule(strokeDash=[4, 4], color="gray").encode(y="rate:Q",
+                                                                                      tooltip=["label:N"]))
     if knees.height:
         layers.append(alt.Chart(knees).mark_point(shape="diamond", size=70, filled=True, color="black").encode(
             x="capacity_gib:Q", y="target_rate:Q",
-            tooltip=["label", alt.Tooltip("capacity_gib:Q", format=",.3g"),
+            tooltip=["label:N", alt.Tooltip("capacity_gib:Q", format=",.3g"),
                      alt.Tooltip("target_rate:Q", format=".2%")]))
     if marks:
         m = pl.DataFrame({"tier": list(marks), "capacity_gib": [v / 2**30 for v in marks.values()]})
         layers.append(alt.Chart(m).mark_rule(color="firebrick", strokeWidth=2).encode(
-            x="capacity_gib:Q", tooltip=["tier", alt.Tooltip("capacity_gib:Q", format=",.4g")]))
+            x="capacity_gib:Q", tooltip=["tier:N", alt.Tooltip("capacity_gib:Q", format=",.4g")]))
         layers.append(alt.Chart(m).mark_text(align="left", dx=4, dy=-6, color="firebrick").encode(
-            x="capacity_gib:Q", y=alt.value(12), text="tier"))
+            x="capacity_gib:Q", y=alt.value(12), text="tier:N"))
     return alt.layer(*layers).properties(
         width="container", height=420, title=alt.TitleParams("KV-cache capacity-hit curve", subtitle=subtitle))
 
@@ -85,7 +96,10 @@ def latency(df: pl.DataFrame) -> alt.LayerChart:
         y=y, x=x,
         color=alt.Color("percentile:N", sort=["p50", "p90", "p99", "p99.9"], title="percentile",
                         scale=alt.Scale(scheme="viridis")),
-        tooltip=["config", "percentile", alt.Tooltip("ms:Q", format=",.1f")],
+        tooltip=["config:N", "percentile:N", alt.Tooltip("ms:Q", format=",.1f")],
     )
-    return alt.layer(span, dots).properties(width="container", height=110 + 40 * len(order),
-                                            title="Latency percentiles")
+    layers = [span, dots]
+    if d.height == 0:
+        layers.append(no_data_note("no reusable-prefix service time above 0 ms: nothing to restore or recompute"))
+    return alt.layer(*layers).properties(width="container", height=110 + 40 * max(1, len(order)),
+                                         title="Latency percentiles")

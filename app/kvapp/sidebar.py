@@ -8,6 +8,9 @@ not draw, and a page switch is such a run, so every run first writes all of them
 written back like that; its bytes are kept under ``_kv_uploaded`` instead, set by the
 uploader's change callback only, so a page switch keeps it and removing the file
 drops it.
+
+A server path is read only under the data directory and up to the size limit that
+``kvtrace app`` passed (:func:`kvtrace.appdata.server_path`); the sidebar states both.
 """
 
 from __future__ import annotations
@@ -19,9 +22,11 @@ import streamlit as st
 
 from kvtrace import appdata
 from kvtrace.distances import normalise_eviction
+from kvtrace.errors import KvtraceError
 from kvtrace.ingest import FORMATS
 from kvtrace.model import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import Trace
+from kvtrace.units import format_bytes
 
 from . import cached
 
@@ -101,7 +106,7 @@ def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
         if not samples:
             return appdata.Loaded(None, "", "", f"no sample traces in {appdata.sample_dir()}")
         path = samples.get(s["kv_sample"]) or next(iter(samples.values()))
-        return _load_path(str(path), options)
+        return _load_path(path.name, options, appdata.sample_dir())
     if source == "upload":
         if s.get("_kv_uploaded") is None and s.get("kv_upload") is not None:
             _remember_upload()
@@ -110,25 +115,25 @@ def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
             return None
         name, data, digest = up
         loaded = cached.trace_from_upload(appdata.trace_key(digest, options), _name=name, _data=data,
-                                          _options=options)
+                                          _options=options, _max_bytes=appdata.max_trace_bytes())
         return loaded.renamed(name, name)
     text = s["kv_path"].strip()
     if not text:
         return None
-    return _load_path(text, options)
+    return _load_path(text, options, appdata.data_dir())
 
 
-def _load_path(text: str, options: appdata.LoadOptions) -> appdata.Loaded:
-    p = Path(text).expanduser()
-    if not p.is_file():
-        return appdata.load_file(p, options)  # the one-line "no such file" / "is a directory"
+def _load_path(text: str, options: appdata.LoadOptions, root) -> appdata.Loaded:
+    """A path under ``root``, checked (:func:`kvtrace.appdata.server_path`) before anything is read."""
+    limit = appdata.max_trace_bytes()
     try:
+        p = appdata.server_path(text, root, max_bytes=limit)
         path, size, mtime = appdata.file_signature(p)
-        digest = cached.file_digest(path, size, mtime)
-    except OSError as exc:
-        return appdata.Loaded(None, "", p.name, appdata.error_line(exc, text))
+        digest = cached.file_digest(path, size, mtime, limit)
+    except (KvtraceError, OSError) as exc:
+        return appdata.Loaded(None, "", Path(text).name, appdata.error_line(exc, text), text)
     loaded = cached.trace_from_file(appdata.trace_key(digest, options), _path=path, _options=options)
-    return loaded.renamed(p.name, path)  # cached per content: it may have been read under another name
+    return loaded.renamed(p.name, text)  # cached per content: it may have been read under another name
 
 
 def trace_context() -> Context:
@@ -142,11 +147,18 @@ def trace_context() -> Context:
         sb.selectbox("Sample trace", list(appdata.sample_traces()), key="kv_sample",
                      help=f"Synthetic traces bundled in {appdata.sample_dir()} (made by kvtrace synth).")
     elif source == "upload":
+        limit = appdata.max_trace_bytes()
         sb.file_uploader("Trace file (JSONL, Parquet or CSV)", type=list(appdata.UPLOAD_TYPES), key="kv_upload",
-                         on_change=_remember_upload,
-                         help="Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, or a generic table.")
+                         on_change=_remember_upload, max_upload_size=appdata.upload_limit_mb(limit),
+                         help=f"Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, or a generic table; "
+                              f"at most {format_bytes(limit)} (kvtrace app --max-trace-bytes).")
     else:
-        sb.text_input("Trace path on the server", key="kv_path", placeholder="/data/traces/conversation.jsonl")
+        root = appdata.data_dir()
+        sb.text_input("Trace path on the server", key="kv_path", placeholder="conversation.jsonl",
+                      help="A trace file or a directory of JSONL shards under the data directory; a relative "
+                           "path is relative to it.")
+        sb.caption(f"Data directory: `{root}` (kvtrace app --data-dir); at most "
+                   f"{format_bytes(appdata.max_trace_bytes())} per trace (--max-trace-bytes).")
     with sb.expander("Reading options"):
         st.selectbox("Format", FORMATS, key="kv_fmt")
         st.number_input("Tokens per block (0 = the format's)", min_value=0, step=16, key="kv_block_tokens")

@@ -39,10 +39,11 @@ left, right = st.columns(2)
 with left:
     st.altair_chart(charts.arrivals(tables["arrivals"]))
     st.altair_chart(charts.log_histogram(tables["reuse_times"], x_title="seconds since the block's previous access",
-                                         y_title="block accesses", title="Reuse time", unit="s"))
+                                         y_title="block accesses", title="Reuse time", unit="s",
+                                         empty="no block is accessed twice"))
 with right:
     st.altair_chart(charts.log_histogram(tables["input_lengths"], x_title="prompt tokens", y_title="requests",
-                                         title="Input length", unit="tokens"))
+                                         title="Input length", unit="tokens", empty="no requests"))
     st.markdown("**Distributions** (tokens; reuse time in seconds)")
     st.dataframe(result.lengths, hide_index=True, key="lengths",
                  column_config={c: st.column_config.NumberColumn(format="%.4g")
