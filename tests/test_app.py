@@ -171,7 +171,7 @@ def _at_tiers(at) -> pl.DataFrame:
 
 def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     at = launch("views/curves.py")
-    caps = [64 * GiB, 576 * GiB]  # DRAM 64GiB, DRAM + flash 512GiB: the page's defaults
+    caps = [64 * GiB, 64 * GiB + 2**40]  # DRAM 64GiB, DRAM + flash 1TiB: the defaults (appdata.DEFAULT_TIERS)
     ref = compute_curve(chat, capacities=caps)
     m = metrics(at)
     assert m["ceiling (usable-prefix tokens)"] == pct(ref.ceiling["prefix_token_hit_rate"])
@@ -191,7 +191,7 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     assert ceiling.column("rate").to_pylist() == [full.ceiling["prefix_token_hit_rate"]]
     assert knees.column("capacity_bytes").to_pylist() == full.knees.filter(
         pl.col("metric") == "prefix_token_hit_rate")["capacity_bytes"].to_list()
-    np.testing.assert_allclose(marks.column("capacity_gib").to_numpy(), [64, 576])
+    np.testing.assert_allclose(marks.column("capacity_bytes").to_numpy(), [64 * GiB, 64 * GiB + 2**40])
 
     # metric switch: the ceiling card follows
     next(r for r in at.radio if r.key == "curve_metric").set_value("requests")
@@ -203,15 +203,15 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     next(t for t in at.text_input if t.key == "curve_dram").set_value("16GiB")
     at.run()
     clean(at)
-    ref16 = compute_curve(chat, capacities=[16 * GiB, 528 * GiB])
+    ref16 = compute_curve(chat, capacities=[16 * GiB, 16 * GiB + 2**40])
     tiers16 = _at_tiers(at)
-    assert tiers16["capacity"].to_list() == ["16 GiB", "528 GiB"]
+    assert tiers16["capacity"].to_list() == ["16 GiB", "1.02 TiB"]
     assert tiers16["usable-prefix tokens"].to_list() == [pct(x) for x in ref16.curve["prefix_token_hit_rate"]]
     assert tiers16["usable-prefix tokens"][0] != tiers["usable-prefix tokens"][0]
 
     # the model switch rescales bytes: same capacity in bytes, fewer bytes per token, more hits
     set_sidebar(at, "kv_model", "Llama-3.1-8B")
-    ref8 = compute_curve(chat, model=resolve_model("Llama-3.1-8B"), capacities=[16 * GiB, 528 * GiB])
+    ref8 = compute_curve(chat, model=resolve_model("Llama-3.1-8B"), capacities=[16 * GiB, 16 * GiB + 2**40])
     tiers8 = _at_tiers(at)
     assert tiers8["usable-prefix tokens"].to_list() == [pct(x) for x in ref8.curve["prefix_token_hit_rate"]]
     assert tiers8["usable-prefix tokens"][0] != tiers16["usable-prefix tokens"][0]
@@ -220,7 +220,7 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     # the flat LRU model
     set_sidebar(at, "kv_eviction", "flat")
     ref_flat = compute_curve(chat, model=resolve_model("Llama-3.1-8B"), eviction="flat",
-                             capacities=[16 * GiB, 528 * GiB])
+                             capacities=[16 * GiB, 16 * GiB + 2**40])
     assert _at_tiers(at)["usable-prefix tokens"].to_list() == [pct(x) for x in ref_flat.curve["prefix_token_hit_rate"]]
 
 
@@ -256,10 +256,10 @@ def test_curves_group_breakdown(mixed):
     clean(at)
     ref = compute_curve(mixed, by="type")
     line = pl.from_arrow(charts(at)[0][0])
-    assert sorted(line["group"].unique().to_list()) == sorted(["all", *ref.info["groups"]])
+    assert sorted(line["series"].unique().to_list()) == sorted(["all", *ref.info["groups"]])
     for g in ref.info["groups"]:
         want = ref.by_group.filter((pl.col("group") == g) & (pl.col("capacity_bytes") > 0))["prefix_token_hit_rate"]
-        np.testing.assert_allclose(line.filter(pl.col("group") == g)["rate"].to_numpy(), want.to_numpy())
+        np.testing.assert_allclose(line.filter(pl.col("series") == g)["rate"].to_numpy(), want.to_numpy())
 
 
 def test_curves_bad_capacity_is_one_line(chat):
@@ -286,10 +286,10 @@ def _whatif_ref(trace, dram: str, flash: str, policy: str, model="Llama-3.1-70B"
 def test_whatifs_table_equals_simulate_and_follows_the_form(chat):
     at = launch("views/whatifs.py")
     t = table(at, "config")
-    assert t["config"].to_list() == ["dram=16 GiB flash=256 GiB all", "dram=16 GiB flash=256 GiB freq>=2",
-                                     "dram=16 GiB flash=256 GiB tinylfu"]
+    assert t["config"].to_list() == ["dram=64 GiB flash=1 TiB all", "dram=64 GiB flash=1 TiB freq>=2",
+                                     "dram=64 GiB flash=1 TiB tinylfu"]
     for row, policy in zip(t.iter_rows(named=True), ("all", "second-hit", "tinylfu")):
-        ref = _whatif_ref(chat, "16GiB", "256GiB", policy)
+        ref = _whatif_ref(chat, "64GiB", "1TiB", policy)
         assert row["DRAM"] == pct(ref["h_dram_token"])
         assert row["flash"] == pct(ref["h_flash_token"])
         assert row["miss"] == pct(ref["miss_token"])
@@ -297,24 +297,24 @@ def test_whatifs_table_equals_simulate_and_follows_the_form(chat):
         assert row["p99"] == f"{ref['service_time_p99_s'] * 1e3:,.1f} ms"
     assert len(charts(at)) == 2  # frontier and latency
     lat = pl.from_arrow(charts(at)[1][0])
-    ref_all = _whatif_ref(chat, "16GiB", "256GiB", "all")
-    got = lat.filter((pl.col("config") == "dram=16 GiB flash=256 GiB all") & (pl.col("percentile") == "p99"))
+    ref_all = _whatif_ref(chat, "64GiB", "1TiB", "all")
+    got = lat.filter((pl.col("config") == "dram=64 GiB flash=1 TiB all") & (pl.col("percentile") == "p99"))
     assert got["ms"][0] == pytest.approx(ref_all["service_time_p99_s"] * 1e3)
 
-    next(w for w in at.text_input if w.key == "wi_dram").set_value("64GiB")
-    next(w for w in at.text_input if w.key == "wi_flash").set_value("1TiB")
+    next(w for w in at.text_input if w.key == "wi_dram").set_value("16GiB")
+    next(w for w in at.text_input if w.key == "wi_flash").set_value("256GiB")
     next(w for w in at.multiselect if w.key == "wi_policies").set_value(["all"])
     at.button[0].click()  # the form's submit button
     at.run()
     clean(at)
     t2 = table(at, "config")
-    ref = _whatif_ref(chat, "64GiB", "1TiB", "all")
-    assert t2["config"].to_list() == ["dram=64 GiB flash=1 TiB all"]
+    ref = _whatif_ref(chat, "16GiB", "256GiB", "all")
+    assert t2["config"].to_list() == ["dram=16 GiB flash=256 GiB all"]
     assert t2["DRAM"][0] == pct(ref["h_dram_token"]) != t["DRAM"][0]
     assert t2["flash"][0] == pct(ref["h_flash_token"])
 
     set_sidebar(at, "kv_model", "Llama-3.1-8B")
-    ref8 = _whatif_ref(chat, "64GiB", "1TiB", "all", model="Llama-3.1-8B")
+    ref8 = _whatif_ref(chat, "16GiB", "256GiB", "all", model="Llama-3.1-8B")
     assert table(at, "config")["DRAM"][0] == pct(ref8["h_dram_token"]) != t2["DRAM"][0]
 
 
@@ -333,14 +333,16 @@ needs_sizing = pytest.mark.skipif(not appdata.sizing_available(), reason="kvtrac
 
 
 def _card(at: AppTest) -> str:
-    return next(h.value for h in at.subheader if h.value.startswith("Recommendation: "))
+    return next(h.value for h in at.subheader if h.value.startswith(("Recommendation: ", "No configuration meets")))
+
+
+def _md(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("$", "\\$").replace("*", "\\*").replace("_", "\\_")
 
 
 def _expected_card(rec) -> str:
-    from kvtrace.sizing import CANDIDATE_TEXT
-
-    tail = f" ({rec.config}{', admission ' + rec.policy if rec.policy else ''})" if rec.config else ""
-    return f"Recommendation: {CANDIDATE_TEXT[rec.candidate]}{tail}"
+    """The card's headline: the library's verdict line, capitalised."""
+    return _md(rec.headline[:1].upper() + rec.headline[1:])
 
 
 def _sizing_tables(at: AppTest) -> dict[str, pl.DataFrame]:
@@ -418,6 +420,58 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     assert metrics(at)["monthly cost"] == f"${ref3.recommendation.figures['monthly_cost_usd']:,.2f}"
     assert _sizing_tables(at)["same-slo"]["net $/month"].to_list() == [
         f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}" for x in appdata.sizing_table(ref3, "same-slo")["net_monthly_usd"]]
+
+
+@needs_sizing
+def test_sizing_card_says_when_no_configuration_is_feasible(chat):
+    """A 1 ms P99 SLO no candidate meets: the card is the library's 'no configuration
+    meets ...' verdict shown as a warning with what would meet it, never a
+    'Recommendation:' headline or a success."""
+    import dataclasses
+
+    from kvtrace.sizing import default_config, recommend
+
+    at = launch("views/sizing.py")
+    assert at.success and not at.warning  # the default config is feasible
+    _sz_field(at, "slo.p99_ms").set_value("1")
+    next(b for b in at.button if b.label == "Recommend").click()
+    at.run()
+    clean(at)
+    rec = recommend(chat, dataclasses.replace(default_config(), slo_p99_ms=1.0)).recommendation
+    assert not rec.feasible and rec.needed
+    assert _card(at) == _expected_card(rec) and _card(at).startswith("No configuration meets")
+    assert not any(h.value.startswith("Recommendation") for h in at.subheader)
+    assert not at.success
+    warning = at.warning[0].value
+    assert "What would meet them" in warning and all(_md(n) in warning for n in rec.needed)
+
+
+def test_curves_and_whatifs_start_from_the_same_sizes():
+    """One set of default tier sizes (appdata.DEFAULT_TIERS), with units, on both pages."""
+    curves = launch("views/curves.py")
+    whatifs = launch("views/whatifs.py")
+    c = {w.key: w.value for w in curves.text_input}
+    w = {x.key: x.value for x in whatifs.text_input}
+    assert c["curve_dram"] == w["wi_dram"] == appdata.DEFAULT_TIERS["dram"] == "64GiB"
+    assert c["curve_flash"] == w["wi_flash"] == appdata.DEFAULT_TIERS["flash"] == "1TiB"
+    for at in (curves, whatifs):
+        for widget in at.text_input:
+            if widget.key in ("curve_dram", "curve_flash", "wi_dram", "wi_flash", "wi_local"):
+                assert "unit" in widget.help, widget.key  # the help says a size carries its unit
+
+
+def test_whatifs_table_shows_the_percentiles_next_to_the_shares():
+    """At 1,280 px the table used to cut off at p50: the percentiles now follow the hit
+    shares, narrow, with the configuration pinned."""
+    at = launch("views/whatifs.py")
+    el = next(d for d in at.dataframe if "config" in d.value.columns)
+    cols = list(el.value.columns)
+    assert cols[:7] == ["config", "DRAM", "flash", "miss", "compute saved", "p50", "p99"]
+    import json
+
+    config = json.loads(el.proto.columns)
+    assert config["config"]["pinned"] is True
+    assert all(config[c]["width"] == "small" for c in ("DRAM", "flash", "miss", "p50", "p99"))
 
 
 @needs_sizing

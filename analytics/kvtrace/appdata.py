@@ -40,7 +40,7 @@ import polars as pl
 from .curves import GROUPINGS, KNEE_METRICS, CurveResult
 from .errors import KvtraceError
 from .trace import Trace
-from .units import format_bytes
+from .units import format_bytes, parse_size
 
 #: Environment variables ``kvtrace app`` sets for the Streamlit process.
 ENV_TRACE = "KVTRACE_APP_TRACE"
@@ -589,6 +589,13 @@ def knee_points(result: CurveResult, metric: str) -> pl.DataFrame:
         (pl.col("capacity_bytes").cast(pl.Float64) / 2**30).alias("capacity_gib"),
         ((pl.col("fraction") * 100).round(0).cast(pl.Int64).cast(pl.String) + "% of ceiling").alias("label"),
     ).cast(schema)
+
+
+#: The tier sizes every page starts from (Curves draws them, What-ifs simulates them), as
+#: the text of their inputs: a size always carries its unit (:func:`kvtrace.units.parse_size`).
+#: DRAM is the sizing config's "today" (``[deployment] current_dram``).
+DEFAULT_TIERS = {"dram": "64GiB", "flash": "1TiB"}
+DEFAULT_TIERS_BYTES = tuple(parse_size(v, field=k) for k, v in DEFAULT_TIERS.items())  # (DRAM, flash) bytes
 
 
 def tier_marks(dram_bytes: int, flash_bytes: int) -> dict[str, int]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import altair as alt
 import polars as pl
 
-from kvtrace.charts import NO_CURVE, no_data_note
+from kvtrace.charts import capacity_layers, no_data_note
 
 HEIGHT = 300
 
@@ -49,37 +49,13 @@ def log_histogram(df: pl.DataFrame, *, x_title: str, y_title: str, title: str, u
 
 def curve(lines: pl.DataFrame, knees: pl.DataFrame, ceiling: float | None, marks: dict[str, int],
           metric_label: str, subtitle: str) -> alt.LayerChart:
-    """Hit-rate lines (one per group) on a log capacity axis, with the ceiling, the
-    knees, the tier capacities and, for a sampled curve, a +-2 standard-error band."""
-    x = alt.X("capacity_gib:Q", scale=alt.Scale(type="log"), title="cache capacity (GiB, log)")
-    y = alt.Y("rate:Q", title=f"hit rate: {metric_label}", scale=alt.Scale(domain=[0, 1]),
-              axis=alt.Axis(format="%"))
-    layers = []
-    band = lines.drop_nulls("se").with_columns((pl.col("rate") - 2 * pl.col("se")).clip(0, 1).alias("lo"),
-                                               (pl.col("rate") + 2 * pl.col("se")).clip(0, 1).alias("hi"))
-    if band.height:
-        layers.append(alt.Chart(band).mark_area(opacity=0.25, interpolate="step-after").encode(
-            x=x, y="lo:Q", y2="hi:Q", color=alt.Color("group:N", title=None)))
-    layers.append(alt.Chart(lines).mark_line(interpolate="step-after").encode(
-        x=x, y=y, color=alt.Color("group:N", title=None),
-        tooltip=["group:N", alt.Tooltip("capacity_gib:Q", format=",.3g"), alt.Tooltip("rate:Q", format=".2%")]))
-    if lines.drop_nulls("rate")["capacity_gib"].n_unique() < 2:  # a line needs two capacities
-        layers.append(no_data_note(NO_CURVE))
-    if ceiling is not None:
-        c = pl.DataFrame({"rate": [ceiling], "label": [f"ceiling (infinite cache): {100 * ceiling:.2f}%"]})
-        layers.append(alt.Chart(c).mark_rule(strokeDash=[4, 4], color="gray").encode(y="rate:Q",
-                                                                                      tooltip=["label:N"]))
-    if knees.height:
-        layers.append(alt.Chart(knees).mark_point(shape="diamond", size=70, filled=True, color="black").encode(
-            x="capacity_gib:Q", y="target_rate:Q",
-            tooltip=["label:N", alt.Tooltip("capacity_gib:Q", format=",.3g"),
-                     alt.Tooltip("target_rate:Q", format=".2%")]))
-    if marks:
-        m = pl.DataFrame({"tier": list(marks), "capacity_gib": [v / 2**30 for v in marks.values()]})
-        layers.append(alt.Chart(m).mark_rule(color="firebrick", strokeWidth=2).encode(
-            x="capacity_gib:Q", tooltip=["tier:N", alt.Tooltip("capacity_gib:Q", format=",.4g")]))
-        layers.append(alt.Chart(m).mark_text(align="left", dx=4, dy=-6, color="firebrick").encode(
-            x="capacity_gib:Q", y=alt.value(12), text="tier:N"))
+    """Hit-rate lines (one per group) on a log capacity axis in binary units, with the
+    ceiling, the knees, the tier capacities and, for a sampled curve, a +-2
+    standard-error band: the layers of ``kvtrace curve --plot``
+    (:func:`kvtrace.charts.capacity_layers`)."""
+    layers = capacity_layers(lines.rename({"group": "series"}), knees=knees, ceiling=ceiling, marks=marks,
+                             y_title=f"hit rate: {metric_label}", series_title="group",
+                             of=" of all" if lines["group"].n_unique() > 1 else "")
     return alt.layer(*layers).properties(
         width="container", height=420, title=alt.TitleParams("KV-cache capacity-hit curve", subtitle=subtitle))
 

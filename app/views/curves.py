@@ -18,8 +18,8 @@ large = trace.n_accesses > appdata.LARGE_TRACE_ACCESSES
 state = st.session_state
 state.setdefault("curve_sample", large)
 state.setdefault("curve_rate", 0.01)
-state.setdefault("curve_dram", "64GiB")
-state.setdefault("curve_flash", "512GiB")
+state.setdefault("curve_dram", appdata.DEFAULT_TIERS["dram"])  # the What-ifs page starts from the same sizes
+state.setdefault("curve_flash", appdata.DEFAULT_TIERS["flash"])
 
 st.title("Capacity-hit curves")
 st.caption(f"{ctx.label}: what each cache size saves. Exact byte-LRU reuse distances, one kernel pass for "
@@ -41,8 +41,10 @@ sampled = bool(state["curve_sample"])
 if sampled:
     c3.select_slider("Sample rate", SAMPLE_RATES, key="curve_rate")
 d1, d2, _ = st.columns([1, 1, 2])
-d1.text_input("DRAM capacity", key="curve_dram", help="e.g. 64GiB, 500GB; drawn on the chart.")
-d2.text_input("Flash capacity (under DRAM)", key="curve_flash", help="0 for none; drawn at DRAM + flash.")
+d1.text_input("DRAM capacity", key="curve_dram", help="A size with its unit, e.g. 64GiB or 500GB (a bare number "
+              "is refused); drawn on the chart.")
+d2.text_input("Flash capacity (under DRAM)", key="curve_flash", help="A size with its unit, e.g. 1TiB; 0 for none; "
+              "drawn at DRAM + flash.")
 try:
     dram = parse_size(state["curve_dram"], field="DRAM capacity") if state["curve_dram"].strip() not in ("", "0") else 0
     flash = parse_size(state["curve_flash"], field="flash capacity") if state["curve_flash"].strip() not in ("", "0") \

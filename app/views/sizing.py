@@ -145,10 +145,15 @@ except KvtraceError as exc:
 rec = result.recommendation
 fig = rec.figures
 with st.container(border=True):
-    st.subheader(f"Recommendation: {CANDIDATE_TEXT[rec.candidate]}"
-                 + (f" ({rec.config}{', admission ' + rec.policy if rec.policy else ''})" if rec.config else ""))
-    if not fig.get("feasible", True):
-        st.warning("No candidate meets every constraint (SLO, bandwidth, endurance): this is the closest one.")
+    headline = rec.headline or f"recommendation: {CANDIDATE_TEXT[rec.candidate]}"  # the library's verdict line
+    st.subheader(_md(headline[:1].upper() + headline[1:]))
+    if rec.feasible:
+        st.success("Meets the SLO, the read bandwidth and the endurance limits.", icon=":material/check_circle:")
+    else:
+        st.warning("No configuration meets every constraint (SLO, bandwidth, endurance): the figures below are "
+                   "the closest one's, not a recommendation."
+                   + ("\n\n**What would meet them:**\n" + "\n".join(f"- {_md(n)}" for n in rec.needed)
+                      if rec.needed else ""), icon=":material/warning:")
     inc, before_p99, before_mean = (fig.get("incremental_monthly_usd"), fig.get("before_p99_ms"),
                                     fig.get("before_mean_ms"))
     p99, mean = fig.get("p99_ms"), fig.get("mean_ms")

@@ -18,7 +18,8 @@ MAX_CONFIGS = 48
 
 ctx = sidebar.trace_context()
 state = st.session_state
-for k, v in {"wi_dram": "16GiB", "wi_flash": "256GiB", "wi_local": "0", "wi_policies": ["all", "second-hit", "tinylfu"],
+for k, v in {"wi_dram": appdata.DEFAULT_TIERS["dram"], "wi_flash": appdata.DEFAULT_TIERS["flash"],  # as Curves
+             "wi_local": "0", "wi_policies": ["all", "second-hit", "tinylfu"],
              "wi_promotion": "promote", "wi_write_mode": "write-on-evict", "wi_order": "lru", "wi_inclusive": False,
              "wi_nodes": 1, "wi_routing": "session", "wi_warmup": "", "wi_dram_gbps": 25.0, "wi_dram_ms": 0.2,
              "wi_flash_gbps": 6.0, "wi_flash_ms": 1.0, "wi_overhead_ms": 1.0}.items():
@@ -30,9 +31,10 @@ st.caption(f"{ctx.label}: exact event simulation of DRAM over local SSD / shared
 
 with st.form("whatif_form"):
     c1, c2, c3 = st.columns(3)
-    c1.text_input("DRAM per node", key="wi_dram", help="One size or a comma list: every DRAM x flash pair is run.")
-    c1.text_input("Shared flash", key="wi_flash", help="Comma list allowed; 0 = no flash.")
-    c1.text_input("Local SSD per node", key="wi_local", help="0 = none.")
+    c1.text_input("DRAM per node", key="wi_dram", help="A size with its unit (64GiB, 500GB; a bare number is "
+                  "refused), or a comma list: every DRAM x flash pair is run.")
+    c1.text_input("Shared flash", key="wi_flash", help="Sizes with their units, e.g. 1TiB,4TiB; 0 = no flash.")
+    c1.text_input("Local SSD per node", key="wi_local", help="A size with its unit, e.g. 3.84TB; 0 = none.")
     c2.multiselect("Admission policies", appdata.WHATIF_POLICIES, key="wi_policies",
                    help="What enters flash; value>=v uses future-reuse values over a 1 h horizon.")
     c2.selectbox("Promotion on a flash hit", list(PROMOTIONS), key="wi_promotion")
@@ -111,21 +113,25 @@ for r in table.iter_rows(named=True):  # the columns of `kvtrace whatif`'s table
     rows_shown.append({
         "config": r["config"], "DRAM": pct(r["h_dram_token"]),
         "flash": pct((r["h_flash_token"] or 0.0) + (r["h_local_token"] or 0.0)), "miss": pct(r["miss_token"]),
-        "compute saved": pct(r["hit_rate_compute"]), "$ saved /h": dollars(r["dollars_saved_per_hour"]),
+        "compute saved": pct(r["hit_rate_compute"]),
+        "p50": ms(r["service_time_p50_s"]), "p99": ms(r["service_time_p99_s"]),
+        "$ saved /h": dollars(r["dollars_saved_per_hour"]),
         "flash writes/day": "-" if writes is None else format_bytes(writes),
         "DWPD": "-" if dwpd is None else f"{dwpd:.2f}",
         "flash read mean": bandwidth(r["flash_read_bytes_per_s_mean"]),
         "peak": bandwidth(r["flash_read_bytes_per_s_peak"]), "promotions": num(r["promotions"] or 0),
-        "p50": ms(r["service_time_p50_s"]), "p99": ms(r["service_time_p99_s"]),
     })
 display = pl.DataFrame(rows_shown)
-st.dataframe(display, hide_index=True, key="comparison")
+# the latency percentiles next to the hit shares, the narrow columns narrow: every column fits 1,280 px
+st.dataframe(display, hide_index=True, key="comparison", column_config={
+    "config": st.column_config.TextColumn(pinned=True, width="medium"),
+    **{c: st.column_config.TextColumn(width="small") for c in ("DRAM", "flash", "miss", "p50", "p99", "DWPD")}})
 d1, d2, _ = st.columns([1, 1, 3])
 d1.download_button("Download table (CSV)", table.write_csv(), file_name="whatif.csv", mime="text/csv")
 d2.download_button("Download table (JSON)", json.dumps(_json_safe({"configs": table.to_dicts()}), indent=2),
                    file_name="whatif.json", mime="application/json")
 
-st.altair_chart(frontier_chart(table).properties(width="container").configure_legend(labelLimit=0))
+st.altair_chart(frontier_chart(table).properties(width="container"))
 st.altair_chart(charts.latency(appdata.latency_table(table)))
 st.caption("Frontier: share of prompt tokens served from flash against flash bytes written per day (wear). "
            "Latency: per-request reusable-prefix service time from the response model (restore or recompute, "

@@ -1,0 +1,137 @@
+"""Render every chart kvtrace makes, from the bundled sample traces, to docs/gallery/NAME.png.
+
+    .venv/bin/python scripts/gallery.py [OUT_DIR]
+
+The PNGs are the charts as people see them: the CLI's ``--plot`` charts at their own
+size, the dashboard's at the width of a 1,280 px browser window (two columns on the
+Overview page, one on the others). Scale 1 keeps the files small; the same inputs give
+the same bytes. :data:`GALLERY` lists one entry per public chart builder (a test checks
+that none is missing: ``tests/test_charts_look.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "app"), str(ROOT / "analytics")]  # kvapp (the dashboard's charts) and kvtrace
+
+from kvtrace import appdata  # noqa: E402
+
+SAMPLES = ROOT / "sample_traces"
+OUT = ROOT / "docs" / "gallery"
+#: Width of a dashboard chart in a 1,280 px window: the main column, and half of it (Overview).
+APP_WIDTH, APP_HALF_WIDTH = 860, 420
+GiB, TiB = 2**30, 2**40
+
+
+@lru_cache(maxsize=None)
+def _trace(name: str):
+    from kvtrace.ingest import load_trace
+
+    return load_trace(SAMPLES / name)
+
+
+@lru_cache(maxsize=None)
+def _curve(name: str, by: str | None = None, capacities: tuple = ()):
+    from kvtrace.curves import compute_curve
+
+    return compute_curve(_trace(name), by=by, capacities=list(capacities) or None)
+
+
+@lru_cache(maxsize=None)
+def _whatif_table():
+    """The issue's grid: ``kvtrace whatif chat.jsonl --grid --dram 16GiB,64GiB
+    --flash 1TiB,4TiB,16TiB --policy all,second-hit,tinylfu`` (18 configurations)."""
+    from kvtrace.whatif import TierConfig, simulate, summary_table
+
+    rows = [simulate(_trace("chat.jsonl"), TierConfig(d, flash_bytes=f, policy=p)).summary
+            for d in ("16GiB", "64GiB") for f in ("1TiB", "4TiB", "16TiB") for p in ("all", "second-hit", "tinylfu")]
+    return summary_table(rows)
+
+
+@lru_cache(maxsize=None)
+def _sizing():
+    from kvtrace.sizing import default_config, recommend
+
+    return recommend(_trace("chat.jsonl"), default_config(), trace_name="chat.jsonl")
+
+
+def _app_curve(name: str, by: str | None):
+    from kvapp import charts as app_charts
+
+    result = _curve(name, by)
+    metric = "prefix_token_hit_rate"
+    info = result.info
+    return app_charts.curve(appdata.curve_lines(result, metric), appdata.knee_points(result, metric),
+                            result.ceiling.get(metric), appdata.tier_marks(*appdata.DEFAULT_TIERS_BYTES),
+                            "usable-prefix tokens", f"{info['model']} ({info['kv_bytes_per_token']:,} B/token), "
+                            f"{info['eviction']} LRU").properties(width=APP_WIDTH)
+
+
+def _overview(kind: str):
+    from kvapp import charts as app_charts
+
+    t = _trace("chat.jsonl")
+    if kind == "arrivals":
+        return app_charts.arrivals(appdata.arrivals_per_minute(t)).properties(width=APP_HALF_WIDTH)
+    if kind == "input":
+        return app_charts.log_histogram(appdata.input_length_histogram(t), x_title="prompt tokens", y_title="requests",
+                                        title="Input length", unit="tokens").properties(width=APP_HALF_WIDTH)
+    return app_charts.log_histogram(appdata.reuse_time_histogram(t), x_title="seconds since the block's previous "
+                                    "access", y_title="block accesses", title="Reuse time",
+                                    unit="s").properties(width=APP_HALF_WIDTH)
+
+
+def _charts():
+    from kvtrace import charts
+
+    return charts
+
+
+def _app_charts():
+    from kvapp import charts as app_charts
+
+    return app_charts
+
+
+#: name -> (the builder it shows, as "module.function", a function returning the chart).
+GALLERY = {
+    "curve": ("kvtrace.charts.curve_chart", lambda: _charts().curve_chart(_curve("chat.jsonl"))),
+    "curve-sparse": ("kvtrace.charts.curve_chart",
+                     lambda: _charts().curve_chart(_curve("chat.jsonl", capacities=(64 * GiB, TiB)))),
+    "curve-by-type": ("kvtrace.charts.curve_chart", lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
+    "frontier": ("kvtrace.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
+    "sizing-curve": ("kvtrace.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
+    "sizing-cost": ("kvtrace.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
+    "app-arrivals": ("kvapp.charts.arrivals", lambda: _overview("arrivals")),
+    "app-input-length": ("kvapp.charts.log_histogram", lambda: _overview("input")),
+    "app-reuse-time": ("kvapp.charts.log_histogram", lambda: _overview("reuse")),
+    "app-curve-by-type": ("kvapp.charts.curve", lambda: _app_curve("mixed.parquet", "type")),
+    "app-latency": ("kvapp.charts.latency",
+                    lambda: _app_charts().latency(appdata.latency_table(_whatif_table().head(9)))
+                    .properties(width=APP_WIDTH)),
+}
+
+
+def render(chart, *, scale: float = 1) -> bytes:
+    """A chart as PNG bytes (vl-convert, offline)."""
+    import vl_convert as vlc
+
+    return vlc.vegalite_to_png(chart.to_json(), scale=scale)
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0]) if argv else OUT
+    out.mkdir(parents=True, exist_ok=True)
+    for name, (_, build) in GALLERY.items():
+        path = out / f"{name}.png"
+        path.write_bytes(render(build()))
+        print(f"{path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}: {path.stat().st_size:,} bytes")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
