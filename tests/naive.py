@@ -525,19 +525,7 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
     for blk, v in zip(blocks.values(), clair):
         blk["clairvoyant_value_dollars"] = float(v)
 
-    prefix: dict[int, dict] = {}
-    for blk in blocks.values():
-        p = prefix.setdefault(blk["root_block"], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
-                                                  "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
-                                                  "clairvoyant_value_dollars": 0.0})
-        p["blocks"] += 1
-        p["bytes"] += blk["bytes"]
-        p["accesses"] += blk["accesses"]
-        p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
-        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
-            p[k] += blk[k]
-    for p in prefix.values():
-        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+    prefix = naive_prefix_rollup(blocks.values())
 
     distinct = sum(blk["bytes"] for blk in blocks.values())
     once = [blk for blk in blocks.values() if not blk["reused"]]
@@ -617,3 +605,21 @@ def naive_families(requests):
             label = r[k] if len(r) > k else root[0]
             family[b] = root[0] if b in root or label in root else label
     return root, share, family
+
+
+def naive_prefix_rollup(blocks) -> dict[int, dict]:
+    """The per-prefix table of the value twin: block dicts summed by ``root_block``."""
+    prefix: dict[int, dict] = {}
+    for blk in blocks:
+        p = prefix.setdefault(blk["root_block"], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
+                                                  "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
+                                                  "clairvoyant_value_dollars": 0.0})
+        p["blocks"] += 1
+        p["bytes"] += blk["bytes"]
+        p["accesses"] += blk["accesses"]
+        p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
+        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
+            p[k] += blk[k]
+    for p in prefix.values():
+        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+    return prefix

@@ -459,20 +459,9 @@ def _families_below_shared_root(tw, ct, res):
     s = res.summary
     assert s["shared_root_blocks"] == len(root) and s["shared_root_request_share"] == share
     assert s["shared_root_hashes"] == [int(res.per_block["hash"][b]) for b in root]
-    prefix = {}
     for b, blk in tw["block"].items():
         blk["root_block"] = family[b]
-        p = prefix.setdefault(family[b], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
-                                          "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
-                                          "clairvoyant_value_dollars": 0.0})
-        p["blocks"] += 1
-        p["bytes"] += blk["bytes"]
-        p["accesses"] += blk["accesses"]
-        p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
-        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
-            p[k] += blk[k]
-    for p in prefix.values():
-        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+    prefix = naive.naive_prefix_rollup(tw["block"].values())
     tw["prefix"] = prefix
     tw["summary"]["prefixes"] = len(prefix)
 

@@ -255,15 +255,12 @@ def estimate_read(path: str | os.PathLike, fmt: str = "auto") -> ReadEstimate | 
     return _jsonl_estimate(p)
 
 
-def _parquet_estimate(path: str) -> ReadEstimate | None:
-    import pyarrow.parquet as pq
-
+def parquet_list_values(md) -> tuple[int, bool]:
+    """(values in the hash-list columns, whether the file has one) from a Parquet
+    file's metadata (``pyarrow.parquet.FileMetaData``), reading no data: the values of
+    a list column are its elements, so a request table's count is its block accesses."""
     from .ingest.tabular import LIST_COLUMNS
 
-    try:
-        md = pq.ParquetFile(path).metadata
-    except Exception:  # pyarrow raises several types for a file that is not Parquet: its reader says so
-        return None
     n, lists = 0, False
     for i in range(md.num_row_groups):
         rg = md.row_group(i)
@@ -272,6 +269,17 @@ def _parquet_estimate(path: str) -> ReadEstimate | None:
             if c.path_in_schema.split(".")[0].lower() in LIST_COLUMNS:
                 n += int(c.num_values)
                 lists = True
+    return n, lists
+
+
+def _parquet_estimate(path: str) -> ReadEstimate | None:
+    import pyarrow.parquet as pq
+
+    try:
+        md = pq.ParquetFile(path).metadata
+    except Exception:  # pyarrow raises several types for a file that is not Parquet: its reader says so
+        return None
+    n, lists = parquet_list_values(md)
     if lists:
         return ReadEstimate(n, md.num_rows, 0, "from the Parquet metadata")
     # an exploded access table (one row per block): every column is decoded, 8 bytes a value

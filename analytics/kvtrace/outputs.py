@@ -82,11 +82,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, *, named: bo
         except BaseException:
             os.close(fd)
             raise
-        pending = _Pending(dest, fd=fd)
-        if staged is not None:
-            staged.append(pending)
-        else:
-            pending.commit()
+        _Pending(dest, fd=fd).hand_over(staged)
         return
     try:
         fd, tmp = tempfile.mkstemp(
@@ -106,11 +102,7 @@ def atomic_path(path: str | os.PathLike, suffix: str | None = None, *, named: bo
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
-    pending = _Pending(dest, tmp=tmp_path)
-    if staged is not None:
-        staged.append(pending)
-    else:
-        pending.commit()
+    _Pending(dest, tmp=tmp_path).hand_over(staged)
 
 
 #: the outputs of the current :func:`output_transaction`, written and waiting to replace their destinations
@@ -123,6 +115,13 @@ class _Pending:
 
     def __init__(self, dest: Path, *, fd: int | None = None, tmp: Path | None = None) -> None:
         self.dest, self.fd, self.tmp = dest, fd, tmp
+
+    def hand_over(self, staged: list | None) -> None:
+        """Commit now, or wait in ``staged`` (the current :func:`output_transaction`)."""
+        if staged is not None:
+            staged.append(self)
+        else:
+            self.commit()
 
     def commit(self) -> None:
         """Give the file its destination's name (keeping the mode of a file replaced)."""

@@ -127,20 +127,13 @@ def in_memory_estimate(path: str | os.PathLike) -> int:
     (block accesses x :data:`IN_MEMORY_BYTES_PER_ACCESS`), without reading the data."""
     import pyarrow.parquet as pq
 
-    from .ingest.tabular import LIST_COLUMNS
+    from .guard import parquet_list_values
 
     try:
         md = pq.ParquetFile(str(path)).metadata
     except Exception as exc:  # pyarrow raises several types for a file that is not Parquet
         raise KvtraceError(f"cannot read as parquet: {str(exc).splitlines()[0]}", path=str(path)) from None
-    n = 0
-    for i in range(md.num_row_groups):
-        rg = md.row_group(i)
-        for j in range(rg.num_columns):
-            c = rg.column(j)
-            if c.path_in_schema.split(".")[0].lower() in LIST_COLUMNS:
-                n += int(c.num_values)
-    return n * IN_MEMORY_BYTES_PER_ACCESS
+    return parquet_list_values(md)[0] * IN_MEMORY_BYTES_PER_ACCESS
 
 
 def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None,
