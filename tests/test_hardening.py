@@ -171,7 +171,27 @@ CASES = {
                                 ["--block-tokens", "16"],
                                 ("ok", 2, ["1 of 2 requests have missing block positions"])),
     "empty-file": ("e.jsonl", "", [], ("error", ["{f}: no requests: the file is empty"])),
-    "blank-lines-only": ("e.jsonl", "\n  \n\t\n", [], ("error", ["{f}: no requests: the file is empty"])),
+    "blank-lines-only": ("e.jsonl", "\n  \n\t\n", [], ("error", ["{f}: no requests: the file holds only blank lines"])),
+    "duplicate-key": ("t.jsonl", lines(GOOD[0], '{"timestamp": 5, "input_length": 10, "input_length": 99999, '
+                                                '"output_length": 1, "hash_ids": [4]}', GOOD[1]), [],
+                      ("error", ["{f}:2: field 'input_length': duplicate key in one record"])),
+    "duplicate-key-bailian": ("b.jsonl", lines(bail(1, -1, 0, [1]), json.dumps(bail(2, 1, 1, [1, 2]))[:-1]
+                                               + ', "turn": 7}'), [],
+                              ("error", ["{f}:2: field 'turn': duplicate key in one record"])),
+    "nested-too-deeply": ("t.jsonl", lines(GOOD[0], "[" * 100_000 + "]" * 100_000), [],
+                          ("error", ["{f}:2: malformed JSON (nested too deeply)"])),
+    "nested-too-deeply-first-line": ("t.jsonl", lines("[" * 100_000 + "]" * 100_000, GOOD[0]), [],
+                                     ("error", ["{f}:1: malformed JSON (nested too deeply)"])),
+    "nested-too-deeply-last-line": ("t.jsonl", lines(GOOD[0]) + "[" * 100_000 + "]" * 100_000, [],
+                                    ("error", ["{f}:2: malformed JSON (nested too deeply)"])),
+    "csv-unterminated-quote": ("q.csv", 'timestamp,block_ids\n0,"[1]"\n1,"[2]\n2,"[3]"\n3,"[4]"\n',
+                               ["--block-tokens", "16"],
+                               ("error", ["{f}:3: cannot read as csv: a quoted field opens on this line and is not "
+                                          "closed properly: expected its closing quote to be followed by a comma or "
+                                          "the end of the line (a quote inside a quoted field is written twice)"])),
+    "csv-quote-never-closed": ("q.csv", 'timestamp,block_ids\n0,"[1]"\n1,"[2]\n2,[3]\n', ["--block-tokens", "16"],
+                               ("error", ["{f}:3: cannot read as csv: a quoted field opens on this line and is not "
+                                          "closed: expected its closing quote before the end of the file"])),
     "empty-table": ("e.parquet", pl.DataFrame({"timestamp": [], "block_ids": []},
                                               schema={"timestamp": pl.Float64, "block_ids": pl.List(pl.UInt64)}),
                     ["--block-tokens", "16"], ("error", ["{f}: no requests: the table is empty"])),
@@ -207,7 +227,7 @@ CASES = {
         "block_ids": [[1], [1]]}),
                             ["--block-tokens", "16"], ("ok", 2, [])),
     "csv-ragged-row": ("r.csv", 'timestamp,block_ids\n0,"[1]"\n1,"[2]",7\n', ["--block-tokens", "16"],
-                       ("error", ["{f}:3: cannot read as csv"])),
+                       ("error", ["{f}:3: cannot read as csv: expected 2 fields (as in the header), got 3"])),
     "not-parquet": ("n.parquet", b"PAR1 but not really", [], ("error", ["{f}: cannot read as parquet"])),
     "canonical-bad-metadata": ("c.parquet", None, [], ("error", ["{f}: field 'kvtrace': kvtrace metadata: expected "
                                                                  "a positive integer block_tokens, got 'big'"])),

@@ -154,6 +154,10 @@ def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | Non
         if stream and not is_parquet(path, fmt):
             raise UsageError("--stream reads Parquet request tables: convert the trace once with "
                              "kvtrace ingest TRACE -o trace.parquet", field="stream")
+        if stream:  # a pipe cannot be streamed (Parquet needs random access), a device never ends
+            from .ingest.inputs import check_input_kind
+
+            check_input_kind(path, random_access=True)
         return bool(stream)
     if not is_parquet(path, fmt) or not os.path.isfile(path):
         return False
@@ -487,6 +491,9 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
     if not is_parquet(path, fmt):
         raise UsageError("streaming reads Parquet request tables: convert the trace once with kvtrace ingest",
                          field="format")
+    from .ingest.inputs import check_input_kind
+
+    check_input_kind(path, random_access=True)  # before pyarrow opens it: a FIFO would wait in native code
     src = ParquetRequests(path, block_tokens=block_tokens, share_tenants=share_tenants)
     B = int(src.meta.block_tokens)
     names = src.tenant_names()

@@ -18,26 +18,53 @@ from ..guard import check_before_read, check_memory, reading
 from ..trace import Trace, TraceMeta
 from .canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
                         requests_to_trace, write_canonical)
+from .inputs import check_input_kind, pipe_refused, read_pipe
 from .jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
 from .tabular import from_generic, read_canonical, read_table, source_names
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
 
-__all__ = ["FORMATS", "build_trace", "detect_format", "distinct_blocks", "load_requests", "load_trace", "prepare_requests",
-           "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
+__all__ = ["FORMATS", "build_trace", "check_input_kind", "detect_format", "distinct_blocks", "load_requests",
+           "load_trace", "prepare_requests", "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
 
 
-def detect_format(path: str | os.PathLike) -> str:
+def detect_format(path: str | os.PathLike, data: bytes | None = None) -> str:
     """``mooncake``, ``bailian``, ``parquet`` or ``csv``, from the suffix and the fields
-    (a directory is read as JSONL shards)."""
+    (a directory is read as JSONL shards; a pipe is read once, see
+    :func:`check_input_kind`: pass its bytes as ``data``)."""
     p = str(path)
-    if not os.path.isdir(p):
-        suffix = "".join(Path(p).suffixes[-2:]).lower()
-        if suffix.endswith((".parquet", ".pq")):
-            return "parquet"
-        if suffix.endswith((".csv", ".csv.gz")):
-            return "csv"
-    return source_format(open_source(p))
+    kind = check_input_kind(p)
+    if kind != "directory":
+        by_suffix = _suffix_format(p)
+        if by_suffix is not None:
+            return by_suffix
+    if kind == "pipe" and data is None:
+        data = read_pipe(p)
+    return source_format(open_source(p, data))
+
+
+def _suffix_format(path: str) -> str | None:
+    """``parquet`` or ``csv`` from a file name, else None (JSONL is told by its fields)."""
+    suffix = "".join(Path(path).suffixes[-2:]).lower()
+    if suffix.endswith((".parquet", ".pq")):
+        return "parquet"
+    if suffix.endswith((".csv", ".csv.gz")):
+        return "csv"
+    return None
+
+
+def _read_pipe_as(path: str, fmt: str) -> tuple[bytes, str]:
+    """A pipe's bytes, read once, and the format to read them as: Parquet (by its name,
+    the option or its magic bytes) needs random access and is refused."""
+    named = _suffix_format(path)
+    if fmt == "parquet" or (fmt == "auto" and named == "parquet"):
+        raise pipe_refused(path)
+    data = read_pipe(path)
+    if data[:4] == b"PAR1":
+        raise pipe_refused(path)
+    if fmt == "auto" and named == "csv":
+        fmt = "csv"
+    return data, fmt
 
 
 def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
@@ -51,21 +78,23 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
     messages.
     """
     p = str(path)
-    if not os.path.exists(p):
-        raise KvtraceError("no such file", path=p)
+    kind = check_input_kind(p)  # before any open: an empty path, a device or a socket is refused
     if fmt not in FORMATS:
         raise KvtraceError(f"unknown format '{fmt}': expected one of {', '.join(FORMATS)}", field="format")
     if block_tokens is not None and not 1 <= block_tokens <= MAX_BLOCK_TOKENS:
         raise UsageError(f"expected a block size in [1, {MAX_BLOCK_TOKENS:,}] tokens, got {block_tokens}",
                          field="block-tokens")
-    is_dir = os.path.isdir(p)
+    is_dir = kind == "directory"
     if is_dir and fmt in ("parquet", "csv"):
         raise KvtraceError(f"is a directory: a directory is read as JSONL shards, not {fmt}", path=p)
+    data = None  # a pipe's bytes: it is read exactly once, here
+    if kind == "pipe":
+        data, fmt = _read_pipe_as(p, fmt)
     source = None
-    if fmt == "auto":
-        fmt = detect_format(p) if not is_dir else "jsonl"
+    if fmt == "auto":  # as detect_format, with the JSONL source opened (decompressed) once
+        fmt = (None if is_dir else _suffix_format(p)) or "jsonl"
     if fmt in ("mooncake", "bailian", "jsonl"):
-        source = open_source(p)
+        source = open_source(p, data)
         fmt = source_format(source, None if fmt == "jsonl" else fmt)  # an empty file or a non-JSON first line fails
         if warnings is not None:
             warnings.extend(source.warnings)
@@ -84,7 +113,7 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
                     path=p, field="block_tokens",
                 )
             return df, meta, None, "canonical"
-    df = read_table(p, fmt)
+    df = read_table(p, fmt, data)
     if df.height == 0:
         raise KvtraceError("no requests: the table is empty", path=p)
     if names is not None:

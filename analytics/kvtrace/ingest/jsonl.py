@@ -28,6 +28,7 @@ import polars as pl
 
 from ..errors import KvtraceError
 from ..trace import TraceMeta
+from .inputs import check_input_kind, read_pipe, third_party_text
 
 MOONCAKE_BLOCK_TOKENS = 512
 BAILIAN_BLOCK_TOKENS = 16
@@ -68,6 +69,9 @@ JSONL_NAMES = {
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 BOM = b"\xef\xbb\xbf"
+#: how the message of a file without a record starts (an empty shard among others is skipped)
+NO_REQUESTS = "no requests: "
+DUPLICATE_KEY = "duplicate key in one record"
 #: file names a directory of shards is read from (compressed or not)
 SHARD_PATTERN = re.compile(r".*\.(jsonl|ndjson|json)(\.(gz|gzip|zst|zstd))?$", re.IGNORECASE)
 
@@ -134,9 +138,14 @@ def shard_files(directory: str) -> tuple[list[str], list[str]]:
     return shards, other
 
 
-def open_source(path: str) -> JsonlSource:
-    """A file or a directory of shards, ready for the readers (see the module docstring)."""
+def open_source(path: str, data: bytes | None = None) -> JsonlSource:
+    """A file or a directory of shards, ready for the readers (see the module docstring).
+
+    ``data``: the bytes of ``path`` already read (a pipe, read once:
+    :func:`kvtrace.ingest.inputs.read_pipe`); ``path`` then only names them."""
     warnings: list[str] = []
+    if data is not None:
+        return JsonlSource(path, [_open_shard(path, warnings, "", data)], warnings)
     if os.path.isdir(path):
         files, other = shard_files(path)
         if not files:
@@ -157,10 +166,13 @@ def _magic(path: str) -> bytes:
         return fh.read(4)
 
 
-def _open_shard(path: str, warnings: list[str], label: str) -> Shard:
-    """``label``: the shard's name in warnings ("" for a single file, which the caller names)."""
-    head = _magic(path)
-    if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
+def _open_shard(path: str, warnings: list[str], label: str, raw: bytes | None = None) -> Shard:
+    """``label``: the shard's name in warnings ("" for a single file, which the caller
+    names); ``raw``: the file's bytes when already read (a pipe: never opened again)."""
+    head = _magic(path) if raw is None else raw[:4]
+    if raw is not None:
+        data = _inflate(raw, path, warnings, label) if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC else raw
+    elif head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
         data = _decompress(path, warnings, label)
     elif head[:3] == BOM:
         with open(path, "rb") as fh:
@@ -262,6 +274,64 @@ def _gunzip(path: str, chunks: list[bytes], limit: int | None = None) -> bool | 
     return not d.eof
 
 
+def _inflate(raw: bytes, path: str, warnings: list[str], label: str = "") -> bytes:
+    """:func:`_decompress` for bytes already read (a pipe, which cannot be opened
+    twice): the same bound (:func:`kvtrace.guard.decompressed_limit`), the same
+    messages and the same tolerance of a stream cut short."""
+    from ..guard import decompressed_limit, decompression_refused
+
+    zstd = raw[:4] == ZSTD_MAGIC
+    chunks: list[bytes] = []
+    limit = decompressed_limit()
+    got = 0
+    truncated = False
+    try:
+        if zstd:
+            import pyarrow as pa
+
+            with pa.input_stream(pa.py_buffer(raw), compression="zstd") as stream:
+                while chunk := stream.read(1 << 18):
+                    chunks.append(chunk)
+                    got += len(chunk)
+                    if limit is not None and got > limit:
+                        chunks.clear()
+                        raise decompression_refused(path, got)
+        else:
+            block, d = memoryview(raw), None
+            while block:
+                if d is None:  # the start of a member (a file may hold several)
+                    if len(block) < 2:
+                        truncated = True
+                        break
+                    if bytes(block[:2]) != GZIP_MAGIC:
+                        raise zlib.error("not a gzip stream after the first member")
+                    d = zlib.decompressobj(wbits=31)
+                out = d.decompress(block, 1 << 22)  # in pieces: 1 MiB can inflate to 1 GB
+                chunks.append(out)
+                got += len(out)
+                if limit is not None and got > limit:
+                    chunks.clear()
+                    raise decompression_refused(path, got)
+                block, d = (memoryview(d.unused_data), None) if d.eof else (memoryview(d.unconsumed_tail), d)
+            if d is not None:
+                chunks.append(d.flush())
+                truncated = not d.eof
+    except (OSError, zlib.error, EOFError) as exc:
+        msg = str(exc)
+        if "Truncated" not in msg:
+            kind = "zstd" if zstd else "gzip"
+            raise KvtraceError(f"corrupt {kind} stream ({msg.splitlines()[0] if msg else type(exc).__name__})",
+                               path=path) from None
+        truncated = True
+    if truncated:
+        got = sum(map(len, chunks))
+        if not got:
+            raise KvtraceError(f"corrupt or cut-short {'zstd' if zstd else 'gzip'} stream: nothing could be "
+                               "decompressed", path=path)
+        warnings.append(_at(label) + f"the compressed stream is cut short: read the {got:,} bytes before the cut")
+    return b"".join(chunks)
+
+
 def _drop_truncated_tail(path: str, data: str | bytes, warnings: list[str], label: str = "") -> str | bytes:
     """Drop a last line cut off mid-record: no final newline and not valid JSON."""
     if isinstance(data, bytes):
@@ -294,6 +364,8 @@ def _drop_truncated_tail(path: str, data: str | bytes, warnings: list[str], labe
     try:
         json.loads(tail)
         return data  # a complete last record without a final newline
+    except RecursionError:
+        return data  # complete or not, the line-by-line scan reports it as nested too deeply
     except (ValueError, UnicodeDecodeError):
         pass
     lineno = (data.count(b"\n", 0, start) if isinstance(data, bytes) else _count_newlines(data, start)) + 1
@@ -318,22 +390,31 @@ def _count_newlines(path: str, upto: int) -> int:
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
-    """The file's bytes, decompressed transparently (gzip, zstd)."""
+    """The file's bytes, decompressed transparently (gzip, zstd); a pipe is read once
+    (:mod:`kvtrace.ingest.inputs`), a device refused."""
     p = str(path)
-    head = _magic(p)
+    if check_input_kind(p) == "pipe":
+        raw = read_pipe(p)
+        head = raw[:4]
+    else:
+        raw, head = None, _magic(p)
     if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC:
         warnings: list[str] = []
-        data = _decompress(p, warnings)
+        data = _decompress(p, warnings) if raw is None else _inflate(raw, p, warnings)
         if warnings:  # a truncated stream read through here is an error
             raise KvtraceError("corrupt or truncated compressed stream", path=p)
         return data
+    if raw is not None:
+        return raw
     with open(p, "rb") as fh:
         return fh.read()
 
 
 def jsonl_source(path: str) -> str | bytes:
     """What the readers take: the path itself (Polars reads it without a Python copy),
-    or the decompressed bytes of a compressed file."""
+    or the bytes of a compressed file (decompressed) or of a pipe (read once)."""
+    if check_input_kind(path) == "pipe":
+        return read_bytes(path)
     head = _magic(path)
     return read_bytes(path) if head[:2] == GZIP_MAGIC or head == ZSTD_MAGIC else path
 
@@ -352,7 +433,10 @@ def _lines(src: str | bytes):
 
 
 def first_record(data: str | bytes, path: str) -> tuple[int, dict]:
-    """The first non-blank JSON line: (line number, parsed record)."""
+    """The first non-blank JSON line: (line number, parsed record).
+
+    A file without one is an error starting ``no requests:`` (:data:`NO_REQUESTS`)."""
+    lineno = 0
     for lineno, line in enumerate(_lines(data), start=1):
         if lineno == 1 and line[:3] == BOM:
             line = line[3:]
@@ -362,10 +446,13 @@ def first_record(data: str | bytes, path: str) -> tuple[int, dict]:
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not valid UTF-8"
                 raise KvtraceError(f"malformed JSON ({msg})", path=path, line=lineno) from None
+            except RecursionError:
+                raise KvtraceError("malformed JSON (nested too deeply)", path=path, line=lineno) from None
             if not isinstance(rec, dict):
                 raise KvtraceError("expected a JSON object per line", path=path, line=lineno)
             return lineno, rec
-    raise KvtraceError("no requests: the file is empty", path=path)
+    what = "the file holds only blank lines" if lineno else "the file is empty"
+    raise KvtraceError(f"{NO_REQUESTS}{what}", path=path)
 
 
 def record_format(rec: dict) -> str | None:
@@ -387,7 +474,7 @@ def source_format(source: JsonlSource, expected: str | None = None) -> str:
         try:
             line, rec = first_record(shard.data, shard.path)
         except KvtraceError as exc:
-            if len(source.shards) > 1 and "empty" in exc.message:
+            if len(source.shards) > 1 and exc.message.startswith(NO_REQUESTS):
                 continue  # an empty shard among others
             raise
         fmt = expected or record_format(rec)
@@ -439,6 +526,30 @@ def _short(v, limit: int = 60) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+class _Record(dict):
+    """A parsed JSON object that remembers the keys it holds more than once (Python's
+    json keeps the last value of such a key, Polars' reader the first)."""
+
+    __slots__ = ("twice",)
+
+    @classmethod
+    def from_pairs(cls, pairs: list) -> "_Record":  # json's object_pairs_hook
+        rec = cls(pairs)
+        rec.twice = None
+        if len(rec) != len(pairs):
+            seen: set = set()
+            rec.twice = []
+            for key, _ in pairs:
+                if key in seen:
+                    rec.twice.append(key)
+                seen.add(key)
+        return rec
+
+    def duplicate(self, names) -> str | None:
+        """The first of ``names`` this object holds twice, or None."""
+        return next((k for k in self.twice if k in names), None) if self.twice else None
+
+
 def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | None:
     """Line-by-line validation; the first problem found, or None."""
     required, optional = _REQUIRED[fmt], _OPTIONAL[fmt]
@@ -448,7 +559,7 @@ def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | Non
         if not line.strip():
             continue
         try:
-            rec = json.loads(line)
+            rec = json.loads(line, object_pairs_hook=_Record.from_pairs)
         except json.JSONDecodeError as exc:
             return KvtraceError(f"malformed JSON ({exc.msg})", path=path, line=lineno)
         except UnicodeDecodeError:
@@ -457,6 +568,9 @@ def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | Non
             return KvtraceError("malformed JSON (nested too deeply)", path=path, line=lineno)
         if not isinstance(rec, dict):
             return KvtraceError("expected a JSON object per line", path=path, line=lineno)
+        twice = rec.duplicate(required.keys() | optional.keys())
+        if twice is not None:
+            return KvtraceError(DUPLICATE_KEY, path=path, line=lineno, field=twice)
         for name, kind in required.items():
             if name not in rec:
                 return KvtraceError("missing (required)", path=path, line=lineno, field=name)
@@ -479,13 +593,90 @@ def scan_for_error(data: str | bytes, path: str, fmt: str) -> KvtraceError | Non
 def _fast_read(data: str | bytes, path: str, fmt: str) -> pl.DataFrame:
     schema = _MOONCAKE_SCHEMA if fmt == "mooncake" else _BAILIAN_SCHEMA
     try:
-        return pl.read_ndjson(io.BytesIO(data) if isinstance(data, bytes) else data, schema=schema,
-                              ignore_errors=False)
-    except Exception as exc:  # Polars raises several error types for bad input
+        df = pl.read_ndjson(io.BytesIO(data) if isinstance(data, bytes) else data, schema=schema,
+                            ignore_errors=False)
+    except Exception as exc:  # Polars raises several error types for bad input (a stack overflow among them)
         err = scan_for_error(data, path, fmt)
         if err is not None:
             raise err from None
-        raise KvtraceError(f"cannot read as {fmt} JSONL: {str(exc).splitlines()[0]}", path=path) from None
+        raise KvtraceError(f"cannot read as {fmt} JSONL: {third_party_text(exc)}", path=path) from None
+    _refuse_duplicate_keys(df, data, path, fmt)
+    return df
+
+
+def _refuse_duplicate_keys(df: pl.DataFrame, data: str | bytes, path: str, fmt: str) -> None:
+    """Refuse a record that holds a field it reads twice (``"input_length": 10,
+    "input_length": 99999``): Polars read the first value, Python's json and most tools
+    take the last.
+
+    Whole-buffer counts at C speed first, each sound (no duplicate can pass it):
+
+    1. every key of a JSON object is followed by its own colon, so the colons of the
+       source bound the key occurrences from above. If they are no more than the
+       non-null values Polars read (each needs its key), no read field occurs twice.
+       A trace with only the fields kvtrace reads passes here (one pass, ~1 ms per 4 MiB).
+    2. otherwise (extra fields, colons in strings): per field, the occurrences of
+       ``"name"`` against its non-null values.
+    3. only for the fields that fail 2: the lines holding ``"name"`` twice are parsed
+       (:class:`_Record`) and the first duplicate, in file order, is an error naming the
+       line and the field.
+
+    (A key spelled with escapes, ``"input\\u005flength"``, is not seen: Polars does not
+    unescape keys.)
+    """
+    present = {name: df.height - df[name].null_count() for name in df.columns}
+    (colons,) = _count(data, [b":"])
+    if colons <= sum(present.values()):
+        return
+    names = list(present)
+    counts = _count(data, [f'"{name}"'.encode() for name in names])
+    suspects = [f'"{n}"'.encode() for n, c in zip(names, counts) if c > present[n]]
+    if not suspects:
+        return
+    read = _REQUIRED[fmt].keys() | _OPTIONAL[fmt].keys()
+    for lineno, line in enumerate(_lines(data), start=1):
+        if any(line.count(s) > 1 for s in suspects):
+            try:
+                rec = json.loads(line, object_pairs_hook=_Record.from_pairs)
+            except (ValueError, RecursionError):
+                continue  # Polars read it: an escaped quote, not a second key
+            twice = rec.duplicate(read) if isinstance(rec, _Record) else None
+            if twice is not None:
+                raise KvtraceError(DUPLICATE_KEY, path=path, line=lineno, field=twice)
+
+
+_PIECE = 1 << 22
+
+
+def _count(data: str | bytes, needles: list[bytes]) -> list[int]:
+    """Occurrences of each needle in a source (bytes, or a file read in 4 MiB pieces
+    into one buffer), including those that straddle two pieces."""
+    counts = [0] * len(needles)
+    if isinstance(data, bytes):
+        for i, needle in enumerate(needles):
+            if len(needle) == 1:  # numpy's compare-and-count is about twice bytes.count's speed
+                for at in range(0, len(data), _PIECE):
+                    piece = np.frombuffer(data, np.uint8, count=min(_PIECE, len(data) - at), offset=at)
+                    counts[i] += int(np.count_nonzero(piece == needle[0]))
+            else:
+                counts[i] = data.count(needle)
+        return counts
+    keep = max(map(len, needles)) - 1
+    buf = bytearray(_PIECE)
+    tail = b""  # the last bytes of the previous piece
+    with open(data, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            piece = np.frombuffer(buf, np.uint8, count=n)
+            for i, needle in enumerate(needles):
+                if len(needle) == 1:
+                    counts[i] += int(np.count_nonzero(piece == needle[0]))
+                    continue
+                counts[i] += buf.count(needle, 0, n)
+                k = len(needle) - 1
+                if tail:  # an occurrence across the seam lies within k bytes either side of it
+                    counts[i] += (tail[-k:] + bytes(buf[:min(k, n)])).count(needle)
+            tail = (tail + bytes(buf[max(0, n - keep):n]))[-keep:] if keep else b""
+    return counts
 
 
 def _read_raw(source: JsonlSource, fmt: str) -> pl.DataFrame:

@@ -15,6 +15,7 @@ milliseconds, otherwise seconds.
 
 from __future__ import annotations
 
+import io
 import os
 
 import numpy as np
@@ -23,6 +24,7 @@ import polars as pl
 from ..errors import KvtraceError
 from ..trace import REQUEST_SCHEMA, TraceMeta
 from .canonical import read_metadata
+from .inputs import third_party_text
 
 LIST_COLUMNS = ("block_ids", "hash_ids", "hashes", "blocks", "block_hashes")
 ALIASES = {
@@ -65,38 +67,84 @@ def source_names(columns: list[str]) -> dict[str, str]:
     return out
 
 
-def read_table(path: str, fmt: str) -> pl.DataFrame:
+def read_table(path: str, fmt: str, data: bytes | None = None) -> pl.DataFrame:
+    """A Parquet or CSV file as Polars reads it; ``data``: its bytes when already read
+    (a CSV pipe, read once). A file Polars cannot read is one line naming the file (a
+    CSV: the line and what is wrong there), quoting none of its content."""
     try:
         if fmt == "parquet":
             return pl.read_parquet(path)
-        return pl.read_csv(path, infer_schema_length=10000)
+        return pl.read_csv(io.BytesIO(data) if data is not None else path, infer_schema_length=10000)
     except Exception as exc:
-        line = _csv_problem_line(path) if fmt == "csv" else None
-        raise KvtraceError(f"cannot read as {fmt}: {str(exc).splitlines()[0]}", path=path, line=line) from None
+        problem = _csv_problem(path, data) if fmt == "csv" else None
+        if problem is not None:
+            line, what = problem
+            raise KvtraceError(f"cannot read as csv: {what}", path=path, line=line) from None
+        raise KvtraceError(f"cannot read as {fmt}: {third_party_text(exc)}", path=path) from None
 
 
-def _csv_problem_line(path: str) -> int | None:
-    """The first line of a CSV file whose field count differs from the header's, or
-    that leaves a quote open (for the message; the error path only)."""
+_CSV_UNCLOSED = ("a quoted field opens on this line and is not closed: expected its closing quote before the end "
+                 "of the file")
+_CSV_BAD_CLOSE = ("a quoted field opens on this line and is not closed properly: expected its closing quote to be "
+                  "followed by a comma or the end of the line (a quote inside a quoted field is written twice)")
+
+
+def _csv_problem(path: str, data: bytes | None = None) -> tuple[int, str] | None:
+    """(line, what is wrong) for the first record of a CSV file whose field count
+    differs from the header's, or whose quoting is broken (the line the bad quoted
+    field opens on); None if the csv module finds nothing (the error path only)."""
     import csv
     import gzip
 
     try:
-        with open(path, "rb") as fh:
-            opener = gzip.open if fh.read(2) == b"\x1f\x8b" else open
-        with opener(path, "rt", encoding="utf-8", newline="") as fh:
-            reader = csv.reader(fh, strict=True)
-            width = None
+        if data is not None:
+            raw = gzip.GzipFile(fileobj=io.BytesIO(data)) if data[:2] == b"\x1f\x8b" else io.BytesIO(data)
+            fh = io.TextIOWrapper(raw, encoding="utf-8", newline="")
+        else:
+            with open(path, "rb") as probe:
+                gz = probe.read(2) == b"\x1f\x8b"
+            fh = (gzip.open if gz else open)(path, "rt", encoding="utf-8", newline="")
+    except (OSError, UnicodeDecodeError, EOFError, ValueError):
+        return None
+    with fh:
+        reader = csv.reader(fh, strict=True)
+        start, width = 1, None  # ``start``: the first line of the record being read
+        try:
             for row in reader:
                 if width is None:
                     width = len(row)
                 elif row and len(row) != width:
-                    return reader.line_num
-    except csv.Error:
-        return reader.line_num  # noqa: F821 - bound once the loop has started
-    except (OSError, UnicodeDecodeError, EOFError, NameError):
-        return None
+                    return start, f"expected {width} fields (as in the header), got {len(row)}"
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            fh.seek(0)
+            return _bad_quote(fh, start, unclosed="unexpected end of data" in str(exc))
+        except (OSError, UnicodeDecodeError, EOFError):
+            return None
     return None
+
+
+def _bad_quote(fh, start: int, unclosed: bool) -> tuple[int, str]:
+    """Where the quoted field the csv module stopped at opens: the record's text from
+    line ``start`` (at most 64 MiB of it) scanned quote by quote."""
+    for _ in range(start - 1):
+        fh.readline()
+    text = fh.read(1 << 26)
+    pos = 0
+    while (q := text.find('"', pos)) >= 0:
+        if q > 0 and text[q - 1] not in ",\r\n":
+            pos = q + 1  # a quote inside an unquoted field is a character like any other
+            continue
+        end = q + 1
+        while (end := text.find('"', end)) >= 0 and text.startswith('""', end):
+            end += 2  # an escaped quote
+        line = start + text.count("\n", 0, q)
+        if end < 0:
+            return line, _CSV_UNCLOSED
+        if text[end + 1:end + 2] not in ("", ",", "\r", "\n"):
+            return line, _CSV_BAD_CLOSE
+        pos = end + 1
+    return start, _CSV_UNCLOSED if unclosed else _CSV_BAD_CLOSE
 
 
 def read_canonical(path: str) -> tuple[pl.DataFrame, TraceMeta] | None:
