@@ -202,6 +202,65 @@ class Fmt(str, Enum):
     bailian = "bailian"
     parquet = "parquet"
     csv = "csv"
+    tokens = "tokens"
+    openai = "openai"
+
+
+#: the request-log options of the current command (--format tokens|openai), set by with_log_options
+_LOG_OPTIONS: "contextvars.ContextVar" = None  # type: ignore[assignment]
+#: (parameter, option, help, default) of every request-log option
+_LOG_PARAMS = (
+    ("tokens_field", "--tokens-field", "Token log: the field of the prompt's token ids.", "prompt_token_ids"),
+    ("time_field", "--time-field", "Token log: the arrival time field (seconds, ms or ISO-8601: detected and stated).",
+     "timestamp"),
+    ("time_unit", "--time-unit", "Request logs: the timestamps' unit, s, ms, us, ns or iso (default: detected and "
+     "stated).", "auto"),
+    ("salt_field", "--salt-field", "Token log: the cache-salt field (vLLM hashes it into the first block).",
+     "cache_salt"),
+    ("lora_field", "--lora-field", "Token log: the LoRA adapter name field (part of vLLM's block hashes).",
+     "lora_name"),
+    ("hash_fn", "--hash", "Request logs: vLLM's prefix-cache hash, sha256 (vLLM's default) or sha256_cbor.",
+     "sha256"),
+    ("hash_seed", "--hash-seed", "Request logs: the PYTHONHASHSEED vLLM ran with (it seeds NONE_HASH).", "0"),
+    ("tokenizer", "--tokenizer", "Chat log (--format openai): a local Hugging Face tokenizer, DIR or tokenizer.json "
+     "(nothing is downloaded).", None),
+    ("chat_template", "--chat-template", "Chat log: a Jinja chat template overriding the tokenizer's.", None),
+)
+
+
+def with_log_options(fn: Callable) -> Callable:
+    """Give a command the request-log options (``--tokens-field`` ... ``--chat-template``)
+    without repeating them in its signature: they are added to the signature typer
+    reads and handed to :func:`_load` as one :class:`kvtrace.ingest.LogOptions`."""
+    import contextvars
+    import inspect
+
+    global _LOG_OPTIONS
+    if _LOG_OPTIONS is None:
+        _LOG_OPTIONS = contextvars.ContextVar("kvtrace_log_options", default=None)
+    sig = inspect.signature(fn)
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                               default=typer.Option(default, opt, help=text, rich_help_panel="Request logs"))
+             for name, opt, text, default in _LOG_PARAMS]
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        from .ingest import LogOptions
+
+        values = {name: kwargs.pop(name, default) for name, _, _, default in _LOG_PARAMS}
+        token = _LOG_OPTIONS.set(LogOptions(**{k: v for k, v in values.items() if v is not None}))
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _LOG_OPTIONS.reset(token)
+
+    wrapper.__signature__ = sig.replace(parameters=list(sig.parameters.values()) + extra)
+    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), **{p.name: Optional[str] for p in extra}}
+    return wrapper
+
+
+def _log_options():
+    return None if _LOG_OPTIONS is None else _LOG_OPTIONS.get()
 
 
 class Eviction(str, Enum):
@@ -265,7 +324,7 @@ def _load(path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool
     from .ingest import load_trace
 
     trace = load_trace(path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
-                       workload=workload)
+                       workload=workload, log=_log_options())
     for w in trace.warnings:
         err_console.print(f"kvtrace: warning: {path}: {w}", markup=False, soft_wrap=True)
     return trace
@@ -311,6 +370,7 @@ def _write_json(path: str, obj) -> None:
 # ---------------------------------------------------------------------------- ingest
 @app.command()
 @handles_errors
+@with_log_options
 def ingest(
     src: Path = typer.Argument(..., parser=_path, help="Trace: Mooncake/Bailian JSONL (gzip/zstd ok, or a directory of shards), Parquet or CSV."),
     out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Canonical Parquet to write."),
@@ -328,7 +388,7 @@ def ingest(
     _check_paths({"out": out}, {"TRACE": src})
     t0 = time.perf_counter()
     df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
-                                       workload="ingest")
+                                       workload="ingest", log=_log_options())
     for w in warnings:
         err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
     write_canonical(df, meta, out)
@@ -347,6 +407,7 @@ def ingest(
 # ---------------------------------------------------------------------------- stats
 @app.command()
 @handles_errors
+@with_log_options
 def stats(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
@@ -563,6 +624,7 @@ def _round_capacities(lo: float, hi: float) -> list[int]:
 
 @app.command()
 @handles_errors
+@with_log_options
 def curve(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
@@ -832,6 +894,7 @@ def _render_groups(result) -> None:
 # ---------------------------------------------------------------------------- value
 @app.command()
 @handles_errors
+@with_log_options
 def value(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     model: Optional[str] = ModelOpt,
@@ -1001,6 +1064,7 @@ class FlashOrder(str, Enum):
 
 @app.command()
 @handles_errors
+@with_log_options
 def whatif(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     dram: str = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid)."),
@@ -1416,6 +1480,7 @@ def estimate_bandwidth(
 # ---------------------------------------------------------------------------- size
 @app.command()
 @handles_errors
+@with_log_options
 def size(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     config_path: Optional[Path] = typer.Option(None, "--config", "-c", parser=_path, help="Sizing TOML (see sample_traces/tiers.example.toml); default: that file's illustrative numbers."),
@@ -1533,6 +1598,7 @@ def _stage_progress(prog: Progress):
 
 @app.command()
 @handles_errors
+@with_log_options
 def export(
     trace_path: Path = typer.Argument(..., metavar="TRACE", parser=_path, help="Trace file (JSONL, Parquet or CSV)."),
     db: Path = typer.Option(..., "--db", "-o", parser=_path, help="DuckDB database to write; an existing one is replaced atomically."),
@@ -1630,6 +1696,7 @@ def _render_sql(result, max_rows: int) -> None:
 
 @app.command()
 @handles_errors
+@with_log_options
 def sql(
     target: Path = typer.Argument(..., metavar="TRACE_OR_DB", parser=_path, help="A database from `kvtrace export`, or a trace file (analysed into a temporary in-memory database)."),
     command: Optional[str] = typer.Option(None, "--command", "-c", help="SQL to run (several statements separated by ';')."),

@@ -10,6 +10,7 @@ Every command reads any of them directly: ingest is implicit.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,9 +23,60 @@ from .inputs import check_input_kind, pipe_refused, read_pipe
 from .jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
 from .tabular import from_generic, read_canonical, read_table, source_names
 
-FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv")
+FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv", "tokens", "openai")
+#: request logs whose block ids kvtrace derives itself (vLLM's prefix-cache hashes): token ids, chat bodies
+LOG_FORMATS = ("tokens", "openai")
 
-__all__ = ["FORMATS", "build_trace", "check_input_kind", "detect_format", "distinct_blocks", "load_requests",
+
+@dataclass(frozen=True)
+class LogOptions:
+    """How a request log (``--format tokens`` or ``openai``) becomes block ids.
+
+    Attributes
+    ----------
+    tokens_field, time_field, salt_field, lora_field : str
+        Field names of a token log (:class:`kvtrace.ingest.tokens.TokenFields`).
+    time_unit : str
+        ``auto`` (detected and stated), ``s``, ``ms``, ``us``, ``ns`` or ``iso``.
+    hash_fn : str
+        vLLM's prefix-cache hash, ``sha256`` or ``sha256_cbor``
+        (:mod:`kvtrace.ingest.vllm_hash`).
+    hash_seed : str
+        The ``PYTHONHASHSEED`` vLLM ran with.
+    tokenizer, chat_template : str or None
+        A chat log's local Hugging Face tokenizer and an optional template override.
+    """
+
+    tokens_field: str = "prompt_token_ids"
+    time_field: str = "timestamp"
+    time_unit: str = "auto"
+    salt_field: str = "cache_salt"
+    lora_field: str = "lora_name"
+    hash_fn: str = "sha256"
+    hash_seed: str = "0"
+    tokenizer: str | None = None
+    chat_template: str | None = None
+
+
+def _read_log(p: str, fmt: str, block_tokens: int | None, log: LogOptions | None):
+    """A token or chat log read into the canonical table (:mod:`kvtrace.ingest.tokens`,
+    :mod:`kvtrace.ingest.chat`): (table, meta, the TokenLog)."""
+    from .tokens import TokenFields, read_token_log
+    from .vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
+
+    log = log or LogOptions()
+    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+    if fmt == "tokens":
+        fields = TokenFields(tokens=log.tokens_field, timestamp=log.time_field, cache_salt=log.salt_field,
+                             lora_name=log.lora_field)
+        got = read_token_log(p, fields=fields, spec=spec, time_unit=log.time_unit)
+    else:
+        from .chat import read_chat_log
+
+        got = read_chat_log(p, log.tokenizer, chat_template=log.chat_template, spec=spec, time_unit=log.time_unit)
+    return got.requests, got.meta, got
+
+__all__ = ["FORMATS", "LOG_FORMATS", "LogOptions", "build_trace", "check_input_kind", "detect_format", "distinct_blocks", "load_requests",
            "load_trace", "prepare_requests", "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
 
 
@@ -68,9 +120,10 @@ def _read_pipe_as(path: str, fmt: str) -> tuple[bytes, str]:
 
 
 def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
-                  warnings: list[str] | None = None, names: dict | None = None):
+                  warnings: list[str] | None = None, names: dict | None = None, log: LogOptions | None = None):
     """Read any supported file into (canonical request table in file order, meta, JSONL
-    source or None, kind).
+    source or None, kind). A request log (``fmt`` in :data:`LOG_FORMATS`, read with
+    ``log``) gives its :class:`~kvtrace.ingest.tokens.TokenLog` as the source.
 
     ``warnings`` collects what was tolerated while reading (a cut-off last line, a
     byte-order mark, ignored files in a directory of shards); ``names`` receives the
@@ -87,6 +140,13 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
     is_dir = kind == "directory"
     if is_dir and fmt in ("parquet", "csv"):
         raise KvtraceError(f"is a directory: a directory is read as JSONL shards, not {fmt}", path=p)
+    if fmt in LOG_FORMATS:
+        if kind != "file":
+            raise KvtraceError(f"a {fmt} log is read from a file (not a {kind})", path=p)
+        df, meta, got = _read_log(p, fmt, block_tokens, log)
+        if warnings is not None:
+            warnings.extend([got.time_note, *got.warnings] if got.time_note else got.warnings)
+        return df, meta, got, fmt
     data = None  # a pipe's bytes: it is read exactly once, here
     if kind == "pipe":
         data, fmt = _read_pipe_as(p, fmt)
@@ -129,23 +189,25 @@ def load_requests(
     block_tokens: int | None = None,
     share_tenants: bool = False,
     workload: str | None = None,
+    log: LogOptions | None = None,
 ) -> tuple:
     """Read and validate a trace's request table, in trace order, without building
     the access table: (request table, meta, warnings). See :func:`load_trace`."""
     p = str(path)
     warn: list[str] = []
     names: dict = {}
-    if workload is not None:  # from metadata and a bounded first read, before the parse
+    if workload is not None and fmt not in LOG_FORMATS:  # from metadata and a bounded first read, before the parse
         check_before_read(p, fmt, workload)
     with reading(workload):  # a decompression stops at what memory allows
-        df, meta, source, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens, warnings=warn, names=names)
+        df, meta, source, kind = read_requests(p, fmt=fmt, block_tokens=block_tokens, warnings=warn, names=names,
+                                               log=log)
     if share_tenants != meta.share_tenants:
         meta = TraceMeta(**{**meta.to_dict(), "share_tenants": share_tenants})
     try:
         df, more = prepare_requests(df, meta, source=p, already_relative=kind == "canonical",
                                     locate=row_locator(p, kind, source, df))
     except KvtraceError as exc:
-        if source is not None:  # the first bad record in file order, with its own message
+        if kind not in LOG_FORMATS and source is not None:  # the first bad record in file order, with its own message
             err = source.scan_for_error(kind)
             if err is not None:
                 raise err from None
@@ -177,6 +239,7 @@ def load_trace(
     block_tokens: int | None = None,
     share_tenants: bool = False,
     workload: str | None = None,
+    log: LogOptions | None = None,
 ) -> Trace:
     """Read a trace file of any supported format into canonical form.
 
@@ -187,10 +250,12 @@ def load_trace(
         Parquet or CSV.
     fmt : str
         ``auto`` (detect from suffix and fields), ``mooncake``, ``bailian``, ``parquet``
-        or ``csv``.
+        or ``csv``; ``tokens`` (a token-id request log) or ``openai`` (chat /
+        completions request bodies), whose block ids are vLLM's prefix-cache hashes
+        (read with ``log``), are never detected: name them.
     block_tokens : int, optional
-        Tokens per block; defaults to the format's (512 Mooncake, 16 Bailian); required
-        for generic tables.
+        Tokens per block; defaults to the format's (512 Mooncake, 16 Bailian and vLLM's
+        16 for request logs); required for generic tables.
     share_tenants : bool
         Treat equal hashes in different tenants as the same block.
     workload : str, optional
@@ -200,10 +265,13 @@ def load_trace(
         clearly (:func:`kvtrace.guard.check_before_read`; decompression is bounded
         too), else before building the access table. None: no check.
 
+    log : LogOptions, optional
+        Field names, hash function and seed, tokenizer of a request log.
+
     Returns
     -------
     Trace
     """
     df, meta, warn = load_requests(path, fmt=fmt, block_tokens=block_tokens, share_tenants=share_tenants,
-                                   workload=workload)
+                                   workload=workload, log=log)
     return build_trace(df, meta, warn)

@@ -1,0 +1,101 @@
+"""Request logs through the commands (issue 19): ``--format tokens`` and ``--format
+openai`` are read by every command like any trace (ingest is implicit), with the
+request-log options, and give the library's figures."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from kvtrace.cli import app
+from kvtrace.curves import compute_curve
+from kvtrace.ingest import LogOptions, load_trace
+from kvtrace.ingest.chat import load_chat_trace
+from kvtrace.ingest.tokens import TokenFields, load_token_trace
+from kvtrace.ingest.vllm_hash import HashSpec
+
+from test_chat_logs import CONVERSATION, _train
+
+RUNNER = CliRunner()
+
+
+def run(*args):
+    return RUNNER.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
+
+
+@pytest.fixture
+def token_log(tmp_path) -> Path:
+    """300 requests: a 64-token system prompt, one of 20 conversations' 40 tokens, a tail."""
+    import random
+
+    rnd = random.Random(1)
+    rows = [{"ts_ms": 1_700_000_000_000 + 1000 * i,
+             "ids": list(range(100, 164)) + [1000 + i % 20] * 40 + [rnd.randrange(2000, 30000)
+                                                                   for _ in range(rnd.randrange(5, 60))],
+             "salt": "tenant-a" if i % 3 == 0 else None}
+            for i in range(300)]
+    p = tmp_path / "log.jsonl"
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_a_token_log_runs_end_to_end_and_equals_the_library(token_log, tmp_path):
+    args = ["--format", "tokens", "--tokens-field", "ids", "--time-field", "ts_ms", "--salt-field", "salt"]
+    out = tmp_path / "c.json"
+    res = run("curve", token_log, *args, "--out", out, "--points", 30)
+    assert res.exit_code == 0, res.stderr
+    assert "timestamps read as milliseconds" in res.stderr
+    trace, _ = load_token_trace(token_log, fields=TokenFields(tokens="ids", timestamp="ts_ms", cache_salt="salt"))
+    want = compute_curve(trace, points=30).curve
+    got = pl.DataFrame(json.loads(out.read_text())["rows"])
+    assert got["prefix_token_hit_rate"].to_list() == want["prefix_token_hit_rate"].to_list()
+    assert got["capacity_bytes"].to_list() == want["capacity_bytes"].to_list()
+    # the same through the library's load_trace with LogOptions (what the app and SQL use)
+    log = LogOptions(tokens_field="ids", time_field="ts_ms", salt_field="salt")
+    again = load_trace(token_log, fmt="tokens", log=log)
+    assert again.requests["block_ids"].to_list() == trace.requests["block_ids"].to_list()
+
+
+def test_the_hash_function_changes_ids_not_the_reuse(token_log):
+    args = ["--format", "tokens", "--tokens-field", "ids", "--time-field", "ts_ms", "--json", "-"]
+    a = json.loads(run("stats", token_log, *args).stdout)
+    b = json.loads(run("stats", token_log, *args, "--hash", "sha256_cbor").stdout)
+    c = json.loads(run("stats", token_log, *args, "--hash-seed", "42").stdout)
+    for other in (b, c):
+        assert other["summary"]["distinct_blocks"] == a["summary"]["distinct_blocks"]
+        assert other["summary"]["block_accesses"] == a["summary"]["block_accesses"]
+        assert [p["hash"] for p in other["top_prefixes"]] != [p["hash"] for p in a["top_prefixes"]]
+
+
+def test_ingest_writes_a_token_log_once_and_it_reads_back(token_log, tmp_path):
+    out = tmp_path / "t.parquet"
+    res = run("ingest", token_log, "--format", "tokens", "--tokens-field", "ids", "--time-field", "ts_ms",
+              "--out", out)
+    assert res.exit_code == 0, res.stderr
+    direct, _ = load_token_trace(token_log, fields=TokenFields(tokens="ids", timestamp="ts_ms"))
+    back = load_trace(out)
+    assert back.requests["block_ids"].to_list() == direct.requests["block_ids"].to_list()
+    assert back.meta.block_tokens == 16
+
+
+def test_a_chat_log_runs_end_to_end(tmp_path):
+    d, _ = _train(tmp_path)
+    turns = [CONVERSATION[:2], CONVERSATION[:2] + [{"role": "assistant", "content": "It is sunny in Paris."},
+                                                    {"role": "user", "content": "And in London?"}]]
+    p = tmp_path / "chat.jsonl"
+    p.write_text("".join(json.dumps({"timestamp": 1_700_000_000 + i, "body": {"model": "m", "messages": m}}) + "\n"
+                         for i, m in enumerate(turns)))
+    res = run("stats", p, "--format", "openai", "--tokenizer", d, "--block-tokens", 4, "--json", "-")
+    assert res.exit_code == 0, res.stderr
+    s = json.loads(res.stdout)["summary"]
+    trace, _ = load_chat_trace(p, d, spec=HashSpec(block_tokens=4))
+    assert s["requests"] == 2 and s["block_accesses"] == trace.n_accesses and s["distinct_blocks"] == trace.n_blocks
+    assert s["rereference_share"] > 0  # the second turn reuses the first turn's blocks
+    res = run("stats", p, "--format", "openai", "--tokenizer", tmp_path / "missing")
+    assert res.exit_code == 2  # an option value: a usage error
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "a local Hugging Face tokenizer; nothing is downloaded" in res.stderr
