@@ -223,19 +223,9 @@ def _decompress(path: str, warnings: list[str], label: str = "") -> bytes:
                 chunks.clear()
                 raise decompression_refused(path, got)
     except (OSError, zlib.error, EOFError) as exc:
-        msg = str(exc)
-        if "Truncated" not in msg:
-            kind = "zstd" if zstd else "gzip"
-            raise KvtraceError(f"corrupt {kind} stream ({msg.splitlines()[0] if msg else type(exc).__name__})",
-                               path=path) from None
+        _raise_unless_cut_short(exc, zstd, path)
         truncated = True
-    if truncated:
-        got = sum(map(len, chunks))
-        if not got:
-            raise KvtraceError(f"corrupt or cut-short {'zstd' if zstd else 'gzip'} stream: nothing could be "
-                               "decompressed", path=path)
-        warnings.append(_at(label) + f"the compressed stream is cut short: read the {got:,} bytes before the cut")
-    return b"".join(chunks)
+    return _joined(chunks, truncated, zstd, path, warnings, label)
 
 
 def _gunzip(path: str, chunks: list[bytes], limit: int | None = None) -> bool | None:
@@ -317,12 +307,23 @@ def _inflate(raw: bytes, path: str, warnings: list[str], label: str = "") -> byt
                 chunks.append(d.flush())
                 truncated = not d.eof
     except (OSError, zlib.error, EOFError) as exc:
-        msg = str(exc)
-        if "Truncated" not in msg:
-            kind = "zstd" if zstd else "gzip"
-            raise KvtraceError(f"corrupt {kind} stream ({msg.splitlines()[0] if msg else type(exc).__name__})",
-                               path=path) from None
+        _raise_unless_cut_short(exc, zstd, path)
         truncated = True
+    return _joined(chunks, truncated, zstd, path, warnings, label)
+
+
+def _raise_unless_cut_short(exc: Exception, zstd: bool, path: str) -> None:
+    """A decompression error: a stream cut short is tolerated (the caller keeps what
+    precedes the cut), anything else is a corrupt stream, one line naming the file."""
+    msg = str(exc)
+    if "Truncated" not in msg:
+        kind = "zstd" if zstd else "gzip"
+        raise KvtraceError(f"corrupt {kind} stream ({msg.splitlines()[0] if msg else type(exc).__name__})",
+                           path=path) from None
+
+
+def _joined(chunks: list[bytes], truncated: bool, zstd: bool, path: str, warnings: list[str], label: str) -> bytes:
+    """The decompressed bytes; a stream cut short warns with what was read, or fails if nothing was."""
     if truncated:
         got = sum(map(len, chunks))
         if not got:
