@@ -55,7 +55,7 @@ def test_a_token_log_runs_end_to_end_and_equals_the_library(token_log, tmp_path)
     assert got["prefix_token_hit_rate"].to_list() == want["prefix_token_hit_rate"].to_list()
     assert got["capacity_bytes"].to_list() == want["capacity_bytes"].to_list()
     # the same through the library's load_trace with LogOptions (what the app and SQL use)
-    log = LogOptions(tokens_field="ids", time_field="ts_ms", salt_field="salt")
+    log = LogOptions.from_options(tokens_field="ids", time_field="ts_ms", salt_field="salt")
     again = load_trace(token_log, fmt="tokens", log=log)
     assert again.requests["block_ids"].to_list() == trace.requests["block_ids"].to_list()
 

@@ -208,23 +208,22 @@ class Fmt(str, Enum):
 
 #: the request-log options of the current command (--format tokens|openai), set by with_log_options
 _LOG_OPTIONS: "contextvars.ContextVar" = None  # type: ignore[assignment]
-#: (parameter, option, help, default) of every request-log option
+#: (parameter, option, help) of every request-log option; the defaults are kvtrace.ingest.LogOptions's
 _LOG_PARAMS = (
-    ("tokens_field", "--tokens-field", "Token log: the field of the prompt's token ids.", "prompt_token_ids"),
-    ("time_field", "--time-field", "Token log: the arrival time field (seconds, ms or ISO-8601: detected and stated).",
-     "timestamp"),
+    ("tokens_field", "--tokens-field", "Token log: the field of the prompt's token ids (default prompt_token_ids)."),
+    ("time_field", "--time-field", "Token log: the arrival time field (default timestamp; seconds, ms or ISO-8601: "
+     "detected and stated)."),
     ("time_unit", "--time-unit", "Request logs: the timestamps' unit, s, ms, us, ns or iso (default: detected and "
-     "stated).", "auto"),
-    ("salt_field", "--salt-field", "Token log: the cache-salt field (vLLM hashes it into the first block).",
-     "cache_salt"),
-    ("lora_field", "--lora-field", "Token log: the LoRA adapter name field (part of vLLM's block hashes).",
-     "lora_name"),
-    ("hash_fn", "--hash", "Request logs: vLLM's prefix-cache hash, sha256 (vLLM's default) or sha256_cbor.",
-     "sha256"),
-    ("hash_seed", "--hash-seed", "Request logs: the PYTHONHASHSEED vLLM ran with (it seeds NONE_HASH).", "0"),
+     "stated)."),
+    ("salt_field", "--salt-field", "Token log: the cache-salt field (default cache_salt; vLLM hashes it into the "
+     "first block)."),
+    ("lora_field", "--lora-field", "Token log: the LoRA adapter name field (default lora_name; part of vLLM's block "
+     "hashes)."),
+    ("hash_fn", "--hash", "Request logs: vLLM's prefix-cache hash, sha256 (vLLM's default) or sha256_cbor."),
+    ("hash_seed", "--hash-seed", "Request logs: the PYTHONHASHSEED vLLM ran with (it seeds NONE_HASH; default 0)."),
     ("tokenizer", "--tokenizer", "Chat log (--format openai): a local Hugging Face tokenizer, DIR or tokenizer.json "
-     "(nothing is downloaded).", None),
-    ("chat_template", "--chat-template", "Chat log: a Jinja chat template overriding the tokenizer's.", None),
+     "(nothing is downloaded)."),
+    ("chat_template", "--chat-template", "Chat log: a Jinja chat template overriding the tokenizer's."),
 )
 
 
@@ -240,15 +239,15 @@ def with_log_options(fn: Callable) -> Callable:
         _LOG_OPTIONS = contextvars.ContextVar("kvtrace_log_options", default=None)
     sig = inspect.signature(fn)
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
-                               default=typer.Option(default, opt, help=text, rich_help_panel="Request logs"))
-             for name, opt, text, default in _LOG_PARAMS]
+                               default=typer.Option(None, opt, help=text, rich_help_panel="Request logs"))
+             for name, opt, text in _LOG_PARAMS]
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from .ingest import LogOptions
 
-        values = {name: kwargs.pop(name, default) for name, _, _, default in _LOG_PARAMS}
-        token = _LOG_OPTIONS.set(LogOptions(**{k: v for k, v in values.items() if v is not None}))
+        given = {name: kwargs.pop(name, None) for name, _, _ in _LOG_PARAMS}
+        token = _LOG_OPTIONS.set(LogOptions.from_options(**given))
         try:
             return fn(*args, **kwargs)
         finally:

@@ -22,6 +22,8 @@ from .canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_
 from .inputs import check_input_kind, pipe_refused, read_pipe
 from .jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
 from .tabular import from_generic, read_canonical, read_table, source_names
+from .tokens import TokenFields, read_token_log
+from .vllm_hash import DEFAULT_HASH
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv", "tokens", "openai")
 #: request logs whose block ids kvtrace derives itself (vLLM's prefix-cache hashes): token ids, chat bodies
@@ -34,7 +36,7 @@ class LogOptions:
 
     Attributes
     ----------
-    tokens_field, time_field, salt_field, lora_field : str
+    fields : TokenFields
         Field names of a token log (:class:`kvtrace.ingest.tokens.TokenFields`).
     time_unit : str
         ``auto`` (detected and stated), ``s``, ``ms``, ``us``, ``ns`` or ``iso``.
@@ -47,34 +49,41 @@ class LogOptions:
         A chat log's local Hugging Face tokenizer and an optional template override.
     """
 
-    tokens_field: str = "prompt_token_ids"
-    time_field: str = "timestamp"
+    fields: TokenFields = TokenFields()
     time_unit: str = "auto"
-    salt_field: str = "cache_salt"
-    lora_field: str = "lora_name"
-    hash_fn: str = "sha256"
+    hash_fn: str = DEFAULT_HASH
     hash_seed: str = "0"
     tokenizer: str | None = None
     chat_template: str | None = None
+
+    #: command-line option (its parameter name) -> the TokenFields attribute it sets
+    FIELD_OPTIONS = {"tokens_field": "tokens", "time_field": "timestamp", "salt_field": "cache_salt",
+                     "lora_field": "lora_name"}
+
+    @classmethod
+    def from_options(cls, **given) -> "LogOptions":
+        """From the command's request-log options (``tokens_field=...``, ``hash_fn=...``);
+        an option not given (None) keeps its default."""
+        given = {k: v for k, v in given.items() if v is not None}
+        fields = TokenFields(**{cls.FIELD_OPTIONS[k]: given.pop(k) for k in list(given) if k in cls.FIELD_OPTIONS})
+        return cls(fields=fields, **given)
 
 
 def _read_log(p: str, fmt: str, block_tokens: int | None, log: LogOptions | None):
     """A token or chat log read into the canonical table (:mod:`kvtrace.ingest.tokens`,
     :mod:`kvtrace.ingest.chat`): (table, meta, the TokenLog)."""
-    from .tokens import TokenFields, read_token_log
     from .vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
 
     log = log or LogOptions()
     spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
     if fmt == "tokens":
-        fields = TokenFields(tokens=log.tokens_field, timestamp=log.time_field, cache_salt=log.salt_field,
-                             lora_name=log.lora_field)
-        got = read_token_log(p, fields=fields, spec=spec, time_unit=log.time_unit)
+        got = read_token_log(p, fields=log.fields, spec=spec, time_unit=log.time_unit)
     else:
         from .chat import read_chat_log
 
         got = read_chat_log(p, log.tokenizer, chat_template=log.chat_template, spec=spec, time_unit=log.time_unit)
     return got.requests, got.meta, got
+
 
 __all__ = ["FORMATS", "LOG_FORMATS", "LogOptions", "build_trace", "check_input_kind", "detect_format", "distinct_blocks", "load_requests",
            "load_trace", "prepare_requests", "read_metadata", "read_requests", "requests_to_trace", "write_canonical"]
