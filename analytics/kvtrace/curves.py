@@ -514,13 +514,21 @@ def shared_first_block(trace, first_req: int = 0) -> dict | None:
     first = first[first >= 0]
     if first.size == 0:
         return None
-    values, counts = np.unique(first, return_counts=True)
-    i = int(np.argmax(counts))
-    share = float(counts[i]) / first.size
+    block, share = dominant_block(first)
     if share < SHARED_FIRST_BLOCK_SHARE:
         return None
-    block_hash = trace.block_hash[values[i]] if getattr(trace, "block_hash", None) is not None else None
+    block_hash = trace.block_hash[block] if getattr(trace, "block_hash", None) is not None else None
     return {"hash": None if block_hash is None else int(block_hash), "share": share}
+
+
+def dominant_block(blocks: np.ndarray) -> tuple[int, float]:
+    """(the block most of ``blocks`` are, its share), exact whenever that share is above
+    one half (then it is the median: an O(n) selection, no sort); below, the block
+    returned is the median, whose share is below one half too. ``blocks`` non-empty."""
+    at = np.asarray(blocks).astype(np.int64, copy=False)
+    top = at.shape[0] // 2
+    candidate = int(np.partition(at, top)[top])
+    return candidate, float(np.count_nonzero(at == candidate)) / at.shape[0]
 
 
 #: the share of the overall ceiling at which ``CurveResult.group_summary`` compares the groups

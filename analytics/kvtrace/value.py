@@ -114,7 +114,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import polars as pl
 
-from .curves import SHARED_FIRST_BLOCK_SHARE
+from .curves import SHARED_FIRST_BLOCK_SHARE, dominant_block
 from .errors import KvtraceError, UsageError
 from .kernels.future import best_keep_value, future_windows
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -276,8 +276,7 @@ def shared_root(req_start: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, f
     Each position costs a gather and an O(n) selection over the requests longer than
     it, so all positions together read at most every access once.
     """
-    # a block held by >= 99 % (> 50 %) of the requests is the median of their blocks
-    assert SHARED_FIRST_BLOCK_SHARE > 0.5
+    assert SHARED_FIRST_BLOCK_SHARE > 0.5  # dominant_block is exact above one half
     rs = np.asarray(req_start, dtype=np.int64)
     length = np.diff(rs)
     nonempty = np.flatnonzero(length > 0)
@@ -288,12 +287,11 @@ def shared_root(req_start: np.ndarray, block: np.ndarray) -> tuple[np.ndarray, f
     while reach.shape[0]:
         p = len(root)
         at = np.asarray(block[start[reach] + p]).astype(np.int64, copy=False)
-        top = at.shape[0] // 2
-        candidate = np.partition(at, top)[top]
-        same = at == candidate
-        if float(np.count_nonzero(same)) / at.shape[0] < SHARED_FIRST_BLOCK_SHARE:
+        candidate, share = dominant_block(at)
+        if share < SHARED_FIRST_BLOCK_SHARE:
             break
-        root.append(int(candidate))
+        same = at == candidate
+        root.append(candidate)
         carries[reach[~same]] = False
         reach = reach[length[reach] > p + 1]
     if not root:
