@@ -13,7 +13,7 @@ Issue targets and how each figure is taken:
 3. the same trace through ``kvtrace whatif --stream --dram 2TiB --flash 16TiB --policy all``
    (one configuration, so one worker) with peak RSS <= 6 GB: time, RSS and accesses / wall
    time as in run 1 (accesses: the run's ``measured_accesses``), and the configuration's
-   usable-prefix token shares ``h_dram_token`` / ``h_flash_token`` from its ``--json``;
+   usable-prefix token shares ``dram_prefix_token_hit_rate`` / ``flash_prefix_token_hit_rate`` from its ``--json``;
 4. the same trace through ``kvtrace value --stream`` (default horizon 1h) with peak RSS
    <= 6 GB: time, RSS and accesses / wall time (accesses: the summary's ``accesses``);
 5. the same trace through ``kvtrace stats --stream`` with peak RSS <= 6 GB: time, RSS and
@@ -165,8 +165,9 @@ def tool_runs(r: Report, out: Path, big: tuple[Path, list[str], float | None], *
                       int(stats_summary["distinct_blocks"]))
     add_run_rows(r, f"kvtrace whatif --dram {WHATIF_DRAM} --flash {WHATIF_FLASH} --policy all (streamed)", wrun,
                  int(config["measured_accesses"]), w_args)
-    r.add("whatif usable-prefix token shares, h_dram_token / h_flash_token",
-          f"{config['h_dram_token']:.4f} / {config['h_flash_token']:.4f}", command=command_text(w_args))
+    r.add("whatif usable-prefix token shares, dram_prefix_token_hit_rate / flash_prefix_token_hit_rate",
+          f"{config['dram_prefix_token_hit_rate']:.4f} / {config['flash_prefix_token_hit_rate']:.4f}",
+          command=command_text(w_args))
     add_run_rows(r, "kvtrace value (streamed)", vrun, int(value_summary["accesses"]), v_args)
     add_run_rows(r, "kvtrace stats (streamed)", srun, int(stats_summary["block_accesses"]), s_args)
 

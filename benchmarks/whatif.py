@@ -82,9 +82,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add("parallel speed-up over one process", f"{serial_s / sweep_s:.2f}x", "> 1x", serial_s / sweep_s > 1.0)
     r.add("parallel table equals the serial one", str(table.equals(serial, null_equal=True)), "True",
           table.equals(serial, null_equal=True))
-    best = table.sort("hit_rate_token", descending=True).row(0, named=True)
+    best = table.sort("prefix_token_hit_rate", descending=True).row(0, named=True)
     r.note(f"best configuration by usable-prefix token hit rate: {best['config']} "
-           f"({100 * best['hit_rate_token']:.2f} %, flash {100 * best['h_flash_token']:.2f} %)")
+           f"({100 * best['prefix_token_hit_rate']:.2f} %, flash {100 * best['flash_prefix_token_hit_rate']:.2f} %)")
     r.print()
     return 0
 

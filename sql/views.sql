@@ -58,9 +58,9 @@ SELECT
     f.accesses,
     f.never_reused_bytes,
     f.gain_gpu_seconds,
-    f.total_value_dollars,
-    f.total_value_dollars / f.bytes AS value_per_byte,
-    f.clairvoyant_value_dollars
+    f.total_value_usd,
+    f.total_value_usd / f.bytes AS value_usd_per_byte,
+    f.clairvoyant_value_usd
 FROM (
     SELECT
         root_block,
@@ -69,24 +69,24 @@ FROM (
         CAST(sum(accesses) AS BIGINT) AS accesses,
         CAST(coalesce(sum(bytes) FILTER (WHERE NOT reused), 0) AS BIGINT) AS never_reused_bytes,
         sum(gain_gpu_seconds) AS gain_gpu_seconds,
-        sum(total_value_dollars) AS total_value_dollars,
-        sum(clairvoyant_value_dollars) AS clairvoyant_value_dollars
+        sum(total_value_usd) AS total_value_usd,
+        sum(clairvoyant_value_usd) AS clairvoyant_value_usd
     FROM blocks
     GROUP BY root_block
 ) AS f
 JOIN blocks AS r ON r.block = f.root_block
-ORDER BY f.total_value_dollars DESC, f.root_block;
+ORDER BY f.total_value_usd DESC, f.root_block;
 
 -- The curve with readable units: capacity in GiB, rates in percent (2 decimals).
 CREATE OR REPLACE VIEW curve_pct AS
 SELECT
     round(capacity_bytes / 1073741824, 3) AS capacity_gib,
-    round(100 * request_hit_rate, 2) AS requests_pct,
-    round(100 * prefix_token_hit_rate, 2) AS prefix_tokens_pct,
-    round(100 * token_hit_rate, 2) AS any_block_tokens_pct,
-    round(100 * compute_saved_rate, 2) AS compute_saved_pct,
-    round(gpu_seconds_saved_per_hour / 3600, 3) AS gpus_saved,
-    round(dollars_saved_per_hour, 2) AS dollars_saved_per_hour,
-    round(read_bandwidth_bytes_per_s / 1073741824, 3) AS read_gib_per_s
+    round(100 * request_hit_rate, 2) AS request_hit_rate_pct,
+    round(100 * prefix_token_hit_rate, 2) AS prefix_token_hit_rate_pct,
+    round(100 * token_hit_rate, 2) AS token_hit_rate_pct,
+    round(100 * compute_saved_rate, 2) AS compute_saved_rate_pct,
+    round(gpu_seconds_saved_per_hour, 1) AS gpu_seconds_saved_per_hour,
+    round(usd_saved_per_hour, 2) AS usd_saved_per_hour,
+    round(read_mean_bytes_per_s / 1073741824, 3) AS read_mean_gib_per_s
 FROM curve
 ORDER BY capacity_bytes;

@@ -269,7 +269,8 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
     hits, _ = lru_simulate(tr.block, size_bytes, tr.req_start, capacity_bytes, prefix_aware)
 
     n_req = len(tr.req_start) - 1
-    c = dict.fromkeys(["requests", "hit_requests", "blocks", "hit_blocks", "prefix_blocks", "tokens",
+    c = dict.fromkeys(["requests", "hit_requests", "half_prefix_requests", "blocks", "hit_blocks", "prefix_blocks",
+                       "tokens",
                        "hit_tokens", "prefix_tokens", "bytes", "hit_bytes", "prefix_bytes",
                        "pos_sum", "prefix_pos_sum"], 0)
     for r in range(first_measured_request, n_req):
@@ -279,6 +280,7 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
         c["requests"] += 1
         c["hit_requests"] += int(hi > lo and bool(hits[lo]))
         prefix = True
+        request_tokens = request_prefix_tokens = 0
         for t in range(lo, hi):
             k = tr.tokens[t]
             start = tr.pos[t] * B
@@ -288,6 +290,7 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
             prefix = prefix and hit
             c["blocks"] += 1
             c["tokens"] += k
+            request_tokens += k
             c["bytes"] += nbytes
             c["pos_sum"] += q
             if hit:
@@ -297,8 +300,11 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
             if prefix:
                 c["prefix_blocks"] += 1
                 c["prefix_tokens"] += k
+                request_prefix_tokens += k
                 c["prefix_bytes"] += nbytes
                 c["prefix_pos_sum"] += q
+        # at least half of the request's prompt tokens in its usable prefix
+        c["half_prefix_requests"] += int(hi > lo and 2 * request_prefix_tokens >= request_tokens)
 
     def ratio(x, y):
         return x / y if y else float("nan")
@@ -310,6 +316,7 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
     per_hour = 3600.0 / seconds if seconds > 0 else float("nan")
     return {
         "request_hit_rate": ratio(c["hit_requests"], c["requests"]),
+        "request_half_prefix_hit_rate": ratio(c["half_prefix_requests"], c["requests"]),
         "prefix_token_hit_rate": ratio(c["prefix_tokens"], c["tokens"]),
         "prefix_byte_hit_rate": ratio(c["prefix_bytes"], c["bytes"]),
         "prefix_block_hit_rate": ratio(c["prefix_blocks"], c["blocks"]),
@@ -318,10 +325,10 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
         "byte_hit_rate": ratio(c["hit_bytes"], c["bytes"]),
         "compute_saved_rate": ratio(flops_saved, flops_all),
         "gpu_seconds_saved_per_hour": gpu_seconds * per_hour,
-        "dollars_saved_per_hour": gpu_seconds * gpu.dollars_per_hour / 3600.0 * per_hour,
-        "read_bandwidth_bytes_per_s": c["prefix_bytes"] / seconds if seconds > 0 else float("nan"),
+        "usd_saved_per_hour": gpu_seconds * gpu.dollars_per_hour / 3600.0 * per_hour,
+        "read_mean_bytes_per_s": c["prefix_bytes"] / seconds if seconds > 0 else float("nan"),
         "flops_saved": flops_saved,
-        "measured_seconds": seconds,
+        "measured_duration_s": seconds,
         **c,
     }
 
@@ -481,8 +488,8 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
         gain = sum(gpu_s(u) for u in inside)
         cost = nbytes(t) * (write + read * len(inside) + occupancy * hold)
         access.append({"reuses": len(inside), "hold_s": hold, "gain_gpu_seconds": gain,
-                       "gain_dollars": gain * dollars_per_s, "cost_dollars": cost,
-                       "value_dollars": gain * dollars_per_s - cost,
+                       "gain_usd": gain * dollars_per_s, "cost_usd": cost,
+                       "value_usd": gain * dollars_per_s - cost,
                        "next_t": later[0] if later else -1})
 
     # the time-to-live schedule, stay by stay: a stay starts at an access whose
@@ -510,9 +517,9 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
         blocks[blk] = {
             "root_block": root, "first_seen_s": ts[first], "last_seen_s": ts[chain[-1]],
             "accesses": len(chain), "reused": len(chain) > 1, "horizon_hits": hits, "bytes": size,
-            "gain_gpu_seconds": gain, "cost_dollars": cost, "stays": len(stays), "stored_s": stored_s,
-            "total_value_dollars": gain * dollars_per_s - cost,
-            "value_per_byte": (gain * dollars_per_s - cost) / size,
+            "gain_gpu_seconds": gain, "cost_usd": cost, "stays": len(stays), "stored_s": stored_s,
+            "total_value_usd": gain * dollars_per_s - cost,
+            "value_usd_per_byte": (gain * dollars_per_s - cost) / size,
             "intervals": ivals,
         }
     keepable = [False] * n
@@ -523,21 +530,21 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
     clair = best_keep_value(tr.block, len(tr.size), keepable, ival,
                             [tr.size[blk] * bpt * write for blk in range(len(tr.size))])
     for blk, v in zip(blocks.values(), clair):
-        blk["clairvoyant_value_dollars"] = float(v)
+        blk["clairvoyant_value_usd"] = float(v)
 
     prefix = naive_prefix_rollup(blocks.values())
 
     distinct = sum(blk["bytes"] for blk in blocks.values())
     once = [blk for blk in blocks.values() if not blk["reused"]]
     # byte-weighted quantiles: walk the blocks in density order until the share is reached
-    ranked = sorted(blocks.values(), key=lambda x: x["value_per_byte"])
+    ranked = sorted(blocks.values(), key=lambda x: x["value_usd_per_byte"])
     quantiles = {}
     for q in (0.10, 0.25, 0.50, 0.75, 0.90, 0.99):
         seen = 0
         for blk in ranked:
             seen += blk["bytes"]
             if seen >= q * distinct:
-                quantiles[f"p{round(100 * q)}"] = blk["value_per_byte"]
+                quantiles[f"p{round(100 * q)}"] = blk["value_usd_per_byte"]
                 break
     summary = {
         "accesses": n, "blocks": len(blocks), "prefixes": len(prefix), "distinct_bytes": distinct,
@@ -547,15 +554,16 @@ def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
         "never_reused_access_share": len(once) / n if n else None,
         "no_reuse_in_horizon_access_share": sum(x["reuses"] == 0 for x in access) / n if n else None,
         "gain_gpu_seconds": sum(blk["gain_gpu_seconds"] for blk in blocks.values()),
-        "write_cost_dollars": sum(blk["bytes"] * write * blk["stays"] for blk in blocks.values()),
-        "read_cost_dollars": sum(blk["bytes"] * read * blk["horizon_hits"] for blk in blocks.values()),
-        "occupancy_cost_dollars": sum(blk["bytes"] * occupancy * blk["stored_s"] for blk in blocks.values()),
-        "total_value_dollars": sum(blk["total_value_dollars"] for blk in blocks.values()),
-        "clairvoyant_bound_dollars": sum(blk["clairvoyant_value_dollars"] for blk in blocks.values()),
-        "negative_value_bytes_share": (sum(blk["bytes"] for blk in blocks.values() if blk["total_value_dollars"] < 0)
+        "write_cost_usd": sum(blk["bytes"] * write * blk["stays"] for blk in blocks.values()),
+        "read_cost_usd": sum(blk["bytes"] * read * blk["horizon_hits"] for blk in blocks.values()),
+        "occupancy_cost_usd": sum(blk["bytes"] * occupancy * blk["stored_s"] for blk in blocks.values()),
+        "total_value_usd": sum(blk["total_value_usd"] for blk in blocks.values()),
+        "clairvoyant_bound_usd": sum(blk["clairvoyant_value_usd"] for blk in blocks.values()),
+        "negative_value_bytes_share": (sum(blk["bytes"] for blk in blocks.values() if blk["total_value_usd"] < 0)
                                        / distinct if distinct else None),
-        "positive_window_value_access_share": sum(x["value_dollars"] > 0 for x in access) / n if n else None,
-        "value_per_byte_quantiles": quantiles if n else {k: None for k in ("p10", "p25", "p50", "p75", "p90", "p99")},
+        "positive_window_value_access_share": sum(x["value_usd"] > 0 for x in access) / n if n else None,
+        "value_usd_per_byte_quantiles": quantiles if n else {k: None for k in ("p10", "p25", "p50", "p75", "p90",
+                                                                               "p99")},
     }
     return {"access": access, "block": blocks, "prefix": prefix, "summary": summary}
 
@@ -612,14 +620,14 @@ def naive_prefix_rollup(blocks) -> dict[int, dict]:
     prefix: dict[int, dict] = {}
     for blk in blocks:
         p = prefix.setdefault(blk["root_block"], {"blocks": 0, "bytes": 0, "accesses": 0, "never_reused_bytes": 0,
-                                                  "gain_gpu_seconds": 0.0, "total_value_dollars": 0.0,
-                                                  "clairvoyant_value_dollars": 0.0})
+                                                  "gain_gpu_seconds": 0.0, "total_value_usd": 0.0,
+                                                  "clairvoyant_value_usd": 0.0})
         p["blocks"] += 1
         p["bytes"] += blk["bytes"]
         p["accesses"] += blk["accesses"]
         p["never_reused_bytes"] += 0 if blk["reused"] else blk["bytes"]
-        for k in ("gain_gpu_seconds", "total_value_dollars", "clairvoyant_value_dollars"):
+        for k in ("gain_gpu_seconds", "total_value_usd", "clairvoyant_value_usd"):
             p[k] += blk[k]
     for p in prefix.values():
-        p["value_per_byte"] = p["total_value_dollars"] / p["bytes"]
+        p["value_usd_per_byte"] = p["total_value_usd"] / p["bytes"]
     return prefix

@@ -174,13 +174,13 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     caps = [64 * GiB, 64 * GiB + 2**40]  # DRAM 64GiB, DRAM + flash 1TiB: the defaults (appdata.DEFAULT_TIERS)
     ref = compute_curve(chat, capacities=caps)
     m = metrics(at)
-    assert m["ceiling (usable-prefix tokens)"] == pct(ref.ceiling["prefix_token_hit_rate"])
+    assert m["ceiling (prefix tokens)"] == pct(ref.ceiling["prefix_token_hit_rate"])
     assert m["capacity to reach the ceiling"] == format_bytes(ref.ceiling["capacity_bytes"])
     knee80 = ref.knees.filter((pl.col("metric") == "prefix_token_hit_rate") & (pl.col("fraction") == 0.8))
     assert m["capacity for 80% of the ceiling"] == format_bytes(knee80["capacity_bytes"][0])
     tiers = _at_tiers(at)
     assert tiers["tier"].to_list() == ["DRAM", "DRAM + flash"]
-    assert tiers["usable-prefix tokens"].to_list() == [pct(x) for x in ref.curve["prefix_token_hit_rate"]]
+    assert tiers["prefix tokens"].to_list() == [pct(x) for x in ref.curve["prefix_token_hit_rate"]]
     assert tiers["requests"].to_list() == [pct(x) for x in ref.curve["request_hit_rate"]]
     assert tiers["compute saved"].to_list() == [pct(x) for x in ref.curve["compute_saved_rate"]]
     # the chart's line is the library's default curve; the tiers are drawn at DRAM and DRAM + flash
@@ -206,22 +206,22 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     ref16 = compute_curve(chat, capacities=[16 * GiB, 16 * GiB + 2**40])
     tiers16 = _at_tiers(at)
     assert tiers16["capacity"].to_list() == ["16 GiB", "1.02 TiB"]
-    assert tiers16["usable-prefix tokens"].to_list() == [pct(x) for x in ref16.curve["prefix_token_hit_rate"]]
-    assert tiers16["usable-prefix tokens"][0] != tiers["usable-prefix tokens"][0]
+    assert tiers16["prefix tokens"].to_list() == [pct(x) for x in ref16.curve["prefix_token_hit_rate"]]
+    assert tiers16["prefix tokens"][0] != tiers["prefix tokens"][0]
 
     # the model switch rescales bytes: same capacity in bytes, fewer bytes per token, more hits
     set_sidebar(at, "kv_model", "Llama-3.1-8B")
     ref8 = compute_curve(chat, model=resolve_model("Llama-3.1-8B"), capacities=[16 * GiB, 16 * GiB + 2**40])
     tiers8 = _at_tiers(at)
-    assert tiers8["usable-prefix tokens"].to_list() == [pct(x) for x in ref8.curve["prefix_token_hit_rate"]]
-    assert tiers8["usable-prefix tokens"][0] != tiers16["usable-prefix tokens"][0]
+    assert tiers8["prefix tokens"].to_list() == [pct(x) for x in ref8.curve["prefix_token_hit_rate"]]
+    assert tiers8["prefix tokens"][0] != tiers16["prefix tokens"][0]
     assert metrics(at)["capacity to reach the ceiling"] == format_bytes(ref8.ceiling["capacity_bytes"])
 
     # the flat LRU model
     set_sidebar(at, "kv_eviction", "flat")
     ref_flat = compute_curve(chat, model=resolve_model("Llama-3.1-8B"), eviction="flat",
                              capacities=[16 * GiB, 16 * GiB + 2**40])
-    assert _at_tiers(at)["usable-prefix tokens"].to_list() == [pct(x) for x in ref_flat.curve["prefix_token_hit_rate"]]
+    assert _at_tiers(at)["prefix tokens"].to_list() == [pct(x) for x in ref_flat.curve["prefix_token_hit_rate"]]
 
 
 def test_curves_sampling_shows_the_error_estimate(chat):
@@ -258,7 +258,7 @@ def test_curves_group_breakdown(mixed):
     line = pl.from_arrow(charts(at)[0][0])
     assert sorted(line["series"].unique().to_list()) == sorted(["all", *ref.info["groups"]])
     for g in ref.info["groups"]:
-        want = ref.by_group.filter((pl.col("group") == g) & (pl.col("capacity_bytes") > 0))["prefix_token_hit_rate"]
+        want = ref.by_group.filter((pl.col("group_name") == g) & (pl.col("capacity_bytes") > 0))["prefix_token_hit_rate"]
         np.testing.assert_allclose(line.filter(pl.col("series") == g)["rate"].to_numpy(), want.to_numpy())
 
 
@@ -290,16 +290,16 @@ def test_whatifs_table_equals_simulate_and_follows_the_form(chat):
                                      "dram=64 GiB flash=1 TiB tinylfu"]
     for row, policy in zip(t.iter_rows(named=True), ("all", "second-hit", "tinylfu")):
         ref = _whatif_ref(chat, "64GiB", "1TiB", policy)
-        assert row["DRAM"] == pct(ref["h_dram_token"])
-        assert row["flash"] == pct(ref["h_flash_token"])
-        assert row["miss"] == pct(ref["miss_token"])
+        assert row["DRAM"] == pct(ref["dram_prefix_token_hit_rate"])
+        assert row["SSD/flash"] == pct(ref["flash_prefix_token_hit_rate"])
+        assert row["miss"] == pct(ref["prefix_token_miss_rate"])
         assert row["flash writes/day"] == format_bytes(ref["flash_write_bytes_per_day"])
-        assert row["p99"] == f"{ref['service_time_p99_s'] * 1e3:,.1f} ms"
+        assert row["p99"] == f"{ref['service_time_p99_ms']:,.1f} ms"
     assert len(charts(at)) == 2  # frontier and latency
     lat = pl.from_arrow(charts(at)[1][0])
     ref_all = _whatif_ref(chat, "64GiB", "1TiB", "all")
     got = lat.filter((pl.col("config") == "dram=64 GiB flash=1 TiB all") & (pl.col("percentile") == "p99"))
-    assert got["ms"][0] == pytest.approx(ref_all["service_time_p99_s"] * 1e3)
+    assert got["ms"][0] == pytest.approx(ref_all["service_time_p99_ms"])
 
     next(w for w in at.text_input if w.key == "wi_dram").set_value("16GiB")
     next(w for w in at.text_input if w.key == "wi_flash").set_value("256GiB")
@@ -310,12 +310,12 @@ def test_whatifs_table_equals_simulate_and_follows_the_form(chat):
     t2 = table(at, "config")
     ref = _whatif_ref(chat, "16GiB", "256GiB", "all")
     assert t2["config"].to_list() == ["dram=16 GiB flash=256 GiB all"]
-    assert t2["DRAM"][0] == pct(ref["h_dram_token"]) != t["DRAM"][0]
-    assert t2["flash"][0] == pct(ref["h_flash_token"])
+    assert t2["DRAM"][0] == pct(ref["dram_prefix_token_hit_rate"]) != t["DRAM"][0]
+    assert t2["SSD/flash"][0] == pct(ref["flash_prefix_token_hit_rate"])
 
     set_sidebar(at, "kv_model", "Llama-3.1-8B")
     ref8 = _whatif_ref(chat, "16GiB", "256GiB", "all", model="Llama-3.1-8B")
-    assert table(at, "config")["DRAM"][0] == pct(ref8["h_dram_token"]) != t2["DRAM"][0]
+    assert table(at, "config")["DRAM"][0] == pct(ref8["dram_prefix_token_hit_rate"]) != t2["DRAM"][0]
 
 
 def test_whatifs_invalid_options_are_one_line():
@@ -390,13 +390,13 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     assert _card(at) == _expected_card(ref.recommendation)
     m = metrics(at)
     fig = ref.recommendation.figures
-    assert m["monthly cost"] == f"${fig['monthly_cost_usd']:,.2f}"
-    assert m["P99 reusable-prefix time"] == f"{fig['p99_ms']:,.1f} ms"
+    assert m["monthly cost"] == f"${fig['cost_usd_per_month']:,.2f}"
+    assert m["P99 reusable-prefix time"] == f"{fig['service_time_p99_ms']:,.1f} ms"
     shown = _sizing_tables(at)
     for lens in LENSES:
         want = appdata.sizing_table(ref, lens)
         assert shown[lens]["configuration"].to_list() == [c or "-" for c in want["config"]]
-        assert shown[lens]["P99"].to_list() == ["-" if x is None else f"{x:,.1f} ms" for x in want["p99_ms"]]
+        assert shown[lens]["P99"].to_list() == ["-" if x is None else f"{x:,.1f} ms" for x in want["service_time_p99_ms"]]
         assert shown[lens]["feasible"].to_list() == ["yes" if f else "no" for f in want["feasible"]]
     assert len(charts(at)) == 2
 
@@ -408,7 +408,7 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     ref2 = recommend(chat, dataclasses.replace(base, slo_p99_ms=200.0))
     assert _card(at) == _expected_card(ref2.recommendation)
     assert _sizing_tables(at)["same-slo"]["P99"].to_list() == [
-        "-" if x is None else f"{x:,.1f} ms" for x in appdata.sizing_table(ref2, "same-slo")["p99_ms"]]
+        "-" if x is None else f"{x:,.1f} ms" for x in appdata.sizing_table(ref2, "same-slo")["service_time_p99_ms"]]
     assert _card(at) != _expected_card(ref.recommendation)
 
     # the sidebar's GPU is the config's: a B200 prices and computes differently
@@ -417,9 +417,9 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     ref3 = recommend(chat, dataclasses.replace(base, slo_p99_ms=200.0, gpu="B200", gpu_mfu=g.mfu,
                                                gpu_dollars_per_hour=g.dollars_per_hour,
                                                gpu_peak_tflops=g.peak_flops / 1e12))
-    assert metrics(at)["monthly cost"] == f"${ref3.recommendation.figures['monthly_cost_usd']:,.2f}"
+    assert metrics(at)["monthly cost"] == f"${ref3.recommendation.figures['cost_usd_per_month']:,.2f}"
     assert _sizing_tables(at)["same-slo"]["net $/month"].to_list() == [
-        f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}" for x in appdata.sizing_table(ref3, "same-slo")["net_monthly_usd"]]
+        f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}" for x in appdata.sizing_table(ref3, "same-slo")["net_usd_per_month"]]
 
 
 @needs_sizing
@@ -466,12 +466,12 @@ def test_whatifs_table_shows_the_percentiles_next_to_the_shares():
     at = launch("views/whatifs.py")
     el = next(d for d in at.dataframe if "config" in d.value.columns)
     cols = list(el.value.columns)
-    assert cols[:7] == ["config", "DRAM", "flash", "miss", "compute saved", "p50", "p99"]
+    assert cols[:7] == ["config", "DRAM", "SSD/flash", "miss", "compute saved", "p50", "p99"]
     import json
 
     config = json.loads(el.proto.columns)
     assert config["config"]["pinned"] is True
-    assert all(config[c]["width"] == "small" for c in ("DRAM", "flash", "miss", "p50", "p99"))
+    assert all(config[c]["width"] == "small" for c in ("DRAM", "SSD/flash", "miss", "p50", "p99"))
 
 
 @needs_sizing
@@ -491,7 +491,7 @@ def test_sizing_config_upload_and_errors(chat, tmp_path):
     assert _sz_field(at, "deployment.dram").value == "128GiB"
     ref = recommend(chat, load_config(path))
     assert _card(at) == _expected_card(ref.recommendation)
-    assert metrics(at)["monthly cost"] == f"${ref.recommendation.figures['monthly_cost_usd']:,.2f}"
+    assert metrics(at)["monthly cost"] == f"${ref.recommendation.figures['cost_usd_per_month']:,.2f}"
 
     # a bad file: one line naming it and the key; the form keeps its values
     at.file_uploader[0].set_value(("bad.toml", b'[slo]\np99_ms = "fast"\n', "application/toml"))
@@ -673,8 +673,8 @@ def test_chart_tables_match_stats(chat):
 def test_curve_lines_and_knees(mixed):
     res = compute_curve(mixed, by="tenant")
     lines = appdata.curve_lines(res, "compute_saved_rate")
-    assert set(lines["group"].unique()) == {"all", *res.info["groups"]}
-    np.testing.assert_allclose(lines.filter(pl.col("group") == "all")["rate"].to_numpy(),
+    assert set(lines["group_name"].unique()) == {"all", *res.info["groups"]}
+    np.testing.assert_allclose(lines.filter(pl.col("group_name") == "all")["rate"].to_numpy(),
                                res.curve.filter(pl.col("capacity_bytes") > 0)["compute_saved_rate"].to_numpy())
     k = appdata.knee_points(res, "compute_saved_rate")
     assert k["capacity_bytes"].to_list() == res.knees.filter(pl.col("metric") == "compute_saved_rate")[

@@ -74,7 +74,7 @@ def test_every_chart_builder_renders_empty_data_with_a_note(trace_file):
         "reuse times": app_charts.log_histogram(appdata.reuse_time_histogram(trace), x_title="s", y_title="n",
                                                 title="Reuse time", unit="s", empty="no block is accessed twice"),
         "curve (app)": app_charts.curve(lines, appdata.knee_points(curve, "prefix_token_hit_rate"), None,
-                                        appdata.tier_marks(64 * 2**30, 0), "usable-prefix tokens", ""),
+                                        appdata.tier_marks(64 * 2**30, 0), "prefix tokens", ""),
         "latency": app_charts.latency(appdata.latency_table(table)),
         "curve": charts.curve_chart(curve),
         "frontier": charts.frontier_chart(table.clear()),

@@ -98,7 +98,7 @@ def test_frontier_colours_by_policy_shapes_by_flash_and_draws_the_pareto_frontie
     assert "TiB/day" in enc["x"]["title"] and enc["y"]["axis"]["format"] == "%"
     front = pl.DataFrame(spec["datasets"][line["data"]["name"]])
     w = table["flash_write_bytes_per_day"].fill_null(0) + table["local_write_bytes_per_day"].fill_null(0)
-    s = table["h_flash_token"].fill_null(0) + table["h_local_token"].fill_null(0)
+    s = table["flash_prefix_token_hit_rate"].fill_null(0) + table["local_prefix_token_hit_rate"].fill_null(0)
     dominated = [any((w[j] <= w[i] and s[j] >= s[i]) and (w[j] < w[i] or s[j] > s[i]) for j in range(len(w)))
                  for i in range(len(w))]
     want = sorted(c for c, d in zip(table["config"], dominated) if not d)

@@ -402,8 +402,9 @@ def test_curve_csv_equals_compute_curve(tmp_path, chat_trace):
     assert got["capacity_bytes"].to_list() == [GiB, 64 * GiB]
     assert_frame_equal(got, want, check_exact=True, check_dtypes=False)
     assert got.schema == want.schema
-    for cap, r in zip(("1 GiB", "64 GiB"), want.iter_rows(named=True)):  # requests, prefix tokens
-        assert f" {cap} {100 * r['request_hit_rate']:.2f}% {100 * r['prefix_token_hit_rate']:.2f}% " in text
+    for cap, r in zip(("1 GiB", "64 GiB"), want.iter_rows(named=True)):  # requests, half-prefix, prefix tokens
+        assert (f" {cap} {100 * r['request_hit_rate']:.2f}% {100 * r['request_half_prefix_hit_rate']:.2f}% "
+                f"{100 * r['prefix_token_hit_rate']:.2f}% ") in text
     assert "Llama-3.1-70B (327,680 B/token), prefix-aware LRU" in text
     assert "APPROXIMATE" not in text
     assert res.stderr.strip() == f"wrote curve: {out}"
@@ -446,7 +447,7 @@ def test_curve_json_rows_equal_the_out_json_rows(tmp_path):
     out = tmp_path / "c.json"
     data = json.loads(ok(run("curve", MIXED, "--points", 20, "--by", "type", "--out", out, "--json", "-")))
     assert data["rows"] == json.loads(out.read_text())["rows"] and data["rows"]
-    assert {r["group"] for r in data["rows"]} >= {"all"}
+    assert {r["group_name"] for r in data["rows"]} >= {"all"}
 
 
 def test_curve_json_file_and_table(tmp_path):
@@ -542,13 +543,14 @@ def test_curve_by_type(tmp_path):
     text = flat(ok(res))
     assert "by type (shared cache" in text
     g = pl.read_csv(out)
-    assert g.columns[0] == "group"
-    assert g["group"].to_list() == ["all", "all", "agent", "agent", "chat", "chat", "rag", "rag"]
+    assert g.columns[:2] == ["group_by", "group_name"] and set(g["group_by"]) == {"type"}
+    assert g["group_name"].to_list() == ["all", "all", "agent", "agent", "chat", "chat", "rag", "rag"]
     plain = tmp_path / "p.csv"
     ok(run("curve", MIXED, "--capacity", "16GiB,256GiB", "--out", plain))
-    assert_frame_equal(g.filter(pl.col("group") == "all").drop("group"), pl.read_csv(plain), check_exact=True)
+    assert_frame_equal(g.filter(pl.col("group_name") == "all").drop("group_by", "group_name"), pl.read_csv(plain),
+                       check_exact=True)
     # agents reuse much more than RAG (sample_traces/README.md)
-    at = {r["group"]: r for r in g.filter(pl.col("capacity_bytes") == 256 * GiB).to_dicts()}
+    at = {r["group_name"]: r for r in g.filter(pl.col("capacity_bytes") == 256 * GiB).to_dicts()}
     assert at["agent"]["prefix_token_hit_rate"] > at["rag"]["prefix_token_hit_rate"]
 
 
@@ -617,7 +619,7 @@ def test_value_json_and_tables_equal_the_library(tmp_path):
     assert_frame_equal(pl.read_csv(prefixes, schema=want.per_prefix.schema), want.per_prefix, check_exact=False)
     got = json.loads((tmp_path / "v.json").read_text())
     assert got["summary"]["never_reused_bytes"] == want.summary["never_reused_bytes"]
-    assert got["summary"]["total_value_dollars"] == pytest.approx(want.summary["total_value_dollars"], rel=1e-12)
+    assert got["summary"]["total_value_usd"] == pytest.approx(want.summary["total_value_usd"], rel=1e-12)
     assert got["summary"]["horizon_s"] == 600.0
 
 
@@ -644,11 +646,12 @@ def test_whatif_table_equals_the_library_and_dram_matches_the_curve(tmp_path):
     trace = load_trace(CHAT)
     want = simulate(trace, TierConfig("64GiB", flash_bytes="512GiB", policy="freq>=2")).summary
     row = got.filter(pl.col("policy") == "freq>=2").row(0, named=True)
-    for key in ("h_dram_token", "h_flash_token", "miss_token", "flash_write_bytes"):
+    for key in ("dram_prefix_token_hit_rate", "flash_prefix_token_hit_rate", "prefix_token_miss_rate",
+                "flash_write_bytes"):
         assert row[key] == pytest.approx(want[key], rel=1e-12)
     # DRAM alone is the curve at the DRAM capacity
     curve = compute_curve(trace, capacities=[64 * 2**30]).curve.row(0, named=True)
-    assert row["h_dram_token"] == pytest.approx(curve["prefix_token_hit_rate"], rel=1e-12)
+    assert row["dram_prefix_token_hit_rate"] == pytest.approx(curve["prefix_token_hit_rate"], rel=1e-12)
 
 
 def test_whatif_bad_options(tmp_path):

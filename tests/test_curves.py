@@ -200,7 +200,7 @@ def test_twin_hand_computed():
     assert m["compute_saved_rate"] == (a * 12 + b * 34) / (a * 25 + b * m["pos_sum"])
     assert m["prefix_byte_hit_rate"] == 12 / 25  # block sizes 4+4+2 + 4+4 + 4+3
     assert m["gpu_seconds_saved_per_hour"] == pytest.approx((a * 12 + b * 34) / (312e12 * 0.4) * 3600 / 5)
-    assert m["read_bandwidth_bytes_per_s"] == 12 * LLAMA8.kv_bytes_per_token / 5
+    assert m["read_mean_bytes_per_s"] == 12 * LLAMA8.kv_bytes_per_token / 5
     # 7 tokens: one full block fits. Request-atomic: r0 touches 3, 2, 1 and leaves
     # {1}, so r1 and r3 hit block 1. Flat: every block evicts its predecessor and the
     # chain never hits (the stranded-prefix problem of DESIGN §2).
@@ -210,7 +210,7 @@ def test_twin_hand_computed():
     assert (m["hit_requests"], m["prefix_blocks"], m["hit_blocks"]) == (0, 0, 0)
     # warm-up: only r2, r3 measured; seconds 2 -> 5
     m = naive.curve_metrics(tt, math.inf, LLAMA8, GPU, True, 2)
-    assert (m["requests"], m["hit_requests"], m["blocks"], m["measured_seconds"]) == (2, 1, 2, 3.0)
+    assert (m["requests"], m["hit_requests"], m["blocks"], m["measured_duration_s"]) == (2, 1, 2, 3.0)
 
 
 # --------------------------------------------------------------------------- every capacity
@@ -289,7 +289,7 @@ def test_warmup_matches_twin(eviction, data, warmup):
     assert res.info["first_measured_request"] == first
     assert res.info["measured_requests"] == len(rows) - first
     assert res.info["measured_accesses"] == len(tt.block) - tt.req_start[first]
-    assert res.info["measured_seconds"] == tt.timestamp[-1] - tt.timestamp[first]
+    assert res.info["measured_duration_s"] == tt.timestamp[-1] - tt.timestamp[first]
     twin = Twin(tt, LLAMA8, eviction, first)
     for row in res.curve.iter_rows(named=True):
         assert_row(row, twin(row["capacity_tokens"]), f"warm-up {warmup} C={row['capacity_tokens']}")
@@ -320,7 +320,7 @@ def test_warmup_boundaries(warmup, first):
     trace, tt, _ = build(rows, 4)
     res = compute_curve(trace, model=LLAMA8, gpu=GPU, warmup=warmup)
     assert res.info["first_measured_request"] == first
-    assert res.info["measured_seconds"] == 30.0 - rows[first]["timestamp"]
+    assert res.info["measured_duration_s"] == 30.0 - rows[first]["timestamp"]
     twin = Twin(tt, LLAMA8, "prefix-aware", first)
     for row in res.curve.iter_rows(named=True):
         assert_row(row, twin(row["capacity_tokens"]), f"warm-up {warmup}")
@@ -344,12 +344,12 @@ def test_groups_match_twin_on_shared_cache(eviction, data, by, warmup):
     res = compute_curve(trace, model=LLAMA8, gpu=GPU, eviction=eviction, by=by, warmup=warmup)
     names = {"(none)" if x is None else x for x in labels}
     assert set(res.info["groups"]) == names
-    assert set(res.by_group["group"].unique().to_list()) == names
+    assert set(res.by_group["group_name"].unique().to_list()) == names
     overall = Twin(tt, LLAMA8, eviction, first)
     for name in names:
         members = {r for r, x in enumerate(labels) if ("(none)" if x is None else x) == name}
         twin = Twin(tt, LLAMA8, eviction, first, members)
-        part = res.by_group.filter(pl.col("group") == name)
+        part = res.by_group.filter(pl.col("group_name") == name)
         assert part["capacity_tokens"].to_list() == res.curve["capacity_tokens"].to_list()
         for row in part.iter_rows(named=True):
             assert_row(row, twin(row["capacity_tokens"]), f"{by}={name} C={row['capacity_tokens']}")
@@ -489,10 +489,10 @@ def test_rates_scale_with_bytes_per_token(eviction, data, fractions):
                 t * m.kv_bytes_per_token for t in base.curve["capacity_tokens"].to_list()]
             assert_frame_equal(other.curve.select(RATE_COLUMNS), base.curve.select(RATE_COLUMNS))
             # FLOPs are the model's, not its cache's: equal here (same architecture)
-            assert_frame_equal(other.curve.select("gpu_seconds_saved_per_hour", "dollars_saved_per_hour"),
-                               base.curve.select("gpu_seconds_saved_per_hour", "dollars_saved_per_hour"))
-            bw = base.curve["read_bandwidth_bytes_per_s"] * (m.kv_bytes_per_token / LLAMA8.kv_bytes_per_token)
-            for got, want in zip(other.curve["read_bandwidth_bytes_per_s"].to_list(), bw.to_list()):
+            assert_frame_equal(other.curve.select("gpu_seconds_saved_per_hour", "usd_saved_per_hour"),
+                               base.curve.select("gpu_seconds_saved_per_hour", "usd_saved_per_hour"))
+            bw = base.curve["read_mean_bytes_per_s"] * (m.kv_bytes_per_token / LLAMA8.kv_bytes_per_token)
+            for got, want in zip(other.curve["read_mean_bytes_per_s"].to_list(), bw.to_list()):
                 assert_close(got, want, "read bandwidth")
             assert other.ceiling == {**base.ceiling, "capacity_bytes": other.ceiling["capacity_bytes"]}
             assert other.ceiling["capacity_bytes"] * LLAMA8.kv_bytes_per_token == (
@@ -594,7 +594,7 @@ def test_sampled_curve_is_close_to_exact(structured_trace):
     assert req.mean() <= 0.025, req.mean()
     # value columns are scaled back up to the whole trace: error relative to the exact
     # top value, seeds 0-7 mean 0.0024-0.0135 (max 0.032); unscaled would be ~0.5
-    for col in ("gpu_seconds_saved_per_hour", "read_bandwidth_bytes_per_s"):
+    for col in ("gpu_seconds_saved_per_hour", "read_mean_bytes_per_s"):
         x, y = exact.curve[col].to_numpy(), approx.curve[col].to_numpy()
         rel = np.abs(y - x) / x[-1]
         assert rel.mean() <= 0.03, (col, rel.mean())

@@ -78,9 +78,11 @@ def test_partition_zero_is_the_shards_sample():
 
 def test_one_partition_is_the_exact_curve(chat, exact):
     r = partitioned_curve(chat, client=SerialClient(), partitions=1, points=120)
-    assert_frame_equal(r.curve.drop(BOUND), exact.curve, check_exact=True)
+    half = "request_half_prefix_hit_rate"  # needs each request's blocks together: exact runs only
+    assert r.curve[half].is_null().all() and r.ceiling[half] is None
+    assert_frame_equal(r.curve.drop(BOUND, half), exact.curve.drop(half), check_exact=True)
     assert_frame_equal(r.knees, exact.knees, check_exact=True)
-    assert r.ceiling == exact.ceiling
+    assert {k: v for k, v in r.ceiling.items() if k != half} == {k: v for k, v in exact.ceiling.items() if k != half}
     assert np.all(r.curve[BOUND].to_numpy() == 0)
 
 
@@ -94,6 +96,9 @@ def test_partitioned_curve_within_its_bound(chat, exact, partitions):
     for k in ("measured_accesses", "measured_requests", "distinct_blocks", "distinct_bytes"):
         assert r.info[k] == exact.info[k], k
     for k in RATE_COLUMNS:
+        if k == "request_half_prefix_hit_rate":  # needs each request's blocks together: exact runs only
+            assert r.ceiling[k] is None and r.curve[k].is_null().all()
+            continue
         assert r.ceiling[k] == pytest.approx(exact.ceiling[k], rel=1e-12, abs=1e-15), k
     assert_array_equal(r.curve["capacity_bytes"].to_numpy(), exact.curve["capacity_bytes"].to_numpy())
     err = np.abs(r.curve[HEADLINE].to_numpy() - exact.curve[HEADLINE].to_numpy())

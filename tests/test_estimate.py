@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
-from kvtrace.estimate import bandwidth, cost_benefit, gpu_hours_freed, latency, monthly_cost, parse_rate
+from kvtrace.estimate import bandwidth, cost_benefit, gpu_hours_saved_per_month, latency, monthly_cost, parse_rate
 
 GiB = 2**30
 RUNNER = CliRunner()
@@ -36,16 +36,16 @@ def flat(text: str) -> str:
 def test_design_section4_worked_example():
     # h_D 0.80, D 20 ms, R 2000 ms; flash adds h_F 0.15 at F 300 ms with O 20 ms
     r = latency(0.80, 0.15, 20, 300, 2000, 20)
-    assert round(r.option("DRAM only")["mean_ms"], 6) == 416  # 0.8*20 + 0.2*2000
-    assert round(r.option("DRAM + flash")["mean_ms"], 6) == 181  # 16 + 45 + 100 + 20
-    assert round(r.option("DRAM for h_D + h_F")["mean_ms"], 6) == 119  # 0.95*20 + 0.05*2000
-    assert round(r.break_even_flash_ms, 1) == 1866.7  # 2000 - 20/0.15
+    assert round(r.option("DRAM only")["service_time_mean_ms"], 6) == 416  # 0.8*20 + 0.2*2000
+    assert round(r.option("DRAM + flash")["service_time_mean_ms"], 6) == 181  # 16 + 45 + 100 + 20
+    assert round(r.option("DRAM for h_D + h_F")["service_time_mean_ms"], 6) == 119  # 0.95*20 + 0.05*2000
+    assert round(r.break_even_restore_ms, 1) == 1866.7  # 2000 - 20/0.15
     assert r.flash_pays_off
     # tails from the branch distribution: 5 % recompute at R + O = 2020 ms vs 2000 ms
-    assert round(r.option("DRAM + flash")["p99_ms"], 6) == 2020
-    assert round(r.option("DRAM only")["p99_ms"], 6) == 2000
+    assert round(r.option("DRAM + flash")["service_time_p99_ms"], 6) == 2020
+    assert round(r.option("DRAM only")["service_time_p99_ms"], 6) == 2000
     slow = latency(0.80, 0.15, 20, 2200, 2000, 20)
-    assert round(slow.option("DRAM + flash")["mean_ms"], 6) == 466  # 16 + 330 + 100 + 20
+    assert round(slow.option("DRAM + flash")["service_time_mean_ms"], 6) == 466  # 16 + 330 + 100 + 20
     assert not slow.flash_pays_off
 
 
@@ -53,14 +53,14 @@ def test_branch_distribution_tails_by_hand():
     r = latency(0.80, 0.15, 20, 300, 2000, 20)
     tiered = r.option("DRAM + flash")
     # cumulative shares: 0.80 at 40 ms (D + O), 0.95 at 320 ms (F + O), 1.0 at 2020 ms
-    assert tiered["p50_ms"] == pytest.approx(40) and tiered["p90_ms"] == pytest.approx(320)
-    assert tiered["p99.9_ms"] == pytest.approx(2020)
+    assert tiered["service_time_p50_ms"] == pytest.approx(40) and tiered["service_time_p90_ms"] == pytest.approx(320)
+    assert tiered["service_time_p999_ms"] == pytest.approx(2020)
     big = r.option("DRAM for h_D + h_F")
-    assert big["p90_ms"] == pytest.approx(20) and big["p99_ms"] == pytest.approx(2000)
+    assert big["service_time_p90_ms"] == pytest.approx(20) and big["service_time_p99_ms"] == pytest.approx(2000)
     # a restore deadline caps the flash branch at R: 16 + 0.15*2000 + 100 + 20 = 436
     slow = latency(0.80, 0.15, 20, 2200, 2000, 20)
-    assert slow.option("DRAM + flash, restore deadline")["mean_ms"] == pytest.approx(436)
-    assert slow.option("DRAM + flash")["p90_ms"] == pytest.approx(2220)
+    assert slow.option("DRAM + flash, restore deadline")["service_time_mean_ms"] == pytest.approx(436)
+    assert slow.option("DRAM + flash")["service_time_p90_ms"] == pytest.approx(2220)
     branches = {(b["option"], b["branch"]): (b["share"], b["time_ms"]) for b in r.branches}
     assert branches[("DRAM + flash", "flash")] == (pytest.approx(0.15), pytest.approx(320))
     assert branches[("DRAM only", "recompute")] == (pytest.approx(0.2), pytest.approx(2000))
@@ -77,7 +77,7 @@ def test_latency_explains_every_number():
 
 def test_latency_without_flash_hits():
     r = latency(0.9, 0.0, 10, 300, 1000, 5)
-    assert r.break_even_flash_ms == -math.inf and not r.flash_pays_off
+    assert r.break_even_restore_ms == -math.inf and not r.flash_pays_off
     assert "none" in r.explain[4]
 
 
@@ -94,52 +94,52 @@ def test_latency_rejects_bad_inputs(args):
 
 def test_design_section5_monthly_cost():
     # 2 TiB DRAM: $52,000 / 36 + $200 + 1.2 kW x 730 h x $0.12 = 1444.44 + 200 + 105.12
-    c = monthly_cost(52000, amortisation_months=36, support_monthly_usd=200, kw=1.2, dollars_per_kwh=0.12)
-    assert round(c.monthly_usd, 2) == 1749.56
-    assert c.hardware_monthly_usd == pytest.approx(52000 / 36)
-    assert c.power_monthly_usd == pytest.approx(105.12)
+    c = monthly_cost(52000, amortisation_months=36, support_usd_per_month=200, kw=1.2, dollars_per_kwh=0.12)
+    assert round(c.cost_usd_per_month, 2) == 1749.56
+    assert c.hardware_usd_per_month == pytest.approx(52000 / 36)
+    assert c.power_usd_per_month == pytest.approx(105.12)
     assert "$1,749.56" in c.explain[-1]
 
 
 def test_design_section5_benefit():
     # 10 M requests x 15 % x (1.6 - 0.1) GPU-s = 625 GPU-h -> $1,250 -> 60 % = $750
     # -> net 750 - 872.56 = -122.56; break-even 872.56 / 1250 = 69.8 %
-    e = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.6, incremental_monthly_usd=872.56,
+    e = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.6, incremental_cost_usd_per_month=872.56,
                      requests_per_month=10_000_000, share=0.15, gpu_seconds_avoided=1.6, gpu_seconds_restore=0.1)
-    assert e.gpu_hours_freed == pytest.approx(625)
-    assert round(e.value_monthly_usd, 2) == 1250.00
-    assert round(e.realised_monthly_usd, 2) == 750.00
-    assert round(e.net_monthly_usd, 2) == -122.56
+    assert e.gpu_hours_saved_per_month == pytest.approx(625)
+    assert round(e.value_usd_per_month, 2) == 1250.00
+    assert round(e.realised_value_usd_per_month, 2) == 750.00
+    assert round(e.net_usd_per_month, 2) == -122.56
     assert round(100 * e.break_even_realisation, 1) == 69.8
     text = "\n".join(e.explain)
     for figure in ("625 GPU-h", "$1,250.00", "$750.00", "-$122.56", "69.8 %"):
         assert figure in text, figure
-    assert gpu_hours_freed(10_000_000, 0.15, 1.6, 0.1) == pytest.approx(625)
+    assert gpu_hours_saved_per_month(10_000_000, 0.15, 1.6, 0.1) == pytest.approx(625)
 
 
 def test_incremental_from_two_options_by_hand():
-    cur = monthly_cost(52000, support_monthly_usd=200, kw=1.2)
-    new = monthly_cost(60000, support_monthly_usd=300, kw=2.0, reserve_monthly_usd=25)
+    cur = monthly_cost(52000, support_usd_per_month=200, kw=1.2)
+    new = monthly_cost(60000, support_usd_per_month=300, kw=2.0, reserve_usd_per_month=25)
     # 60000/36 + 300 + 2.0*730*0.12 + 25 = 1666.667 + 300 + 175.2 + 25
-    assert new.monthly_usd == pytest.approx(60000 / 36 + 300 + 175.2 + 25)
+    assert new.cost_usd_per_month == pytest.approx(60000 / 36 + 300 + 175.2 + 25)
     e = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.6, current=cur, proposed=new, gpu_hours=625)
-    inc = new.monthly_usd - cur.monthly_usd
-    assert e.incremental_monthly_usd == pytest.approx(inc)
-    assert e.net_monthly_usd == pytest.approx(750 - inc)
+    inc = new.cost_usd_per_month - cur.cost_usd_per_month
+    assert e.incremental_cost_usd_per_month == pytest.approx(inc)
+    assert e.net_usd_per_month == pytest.approx(750 - inc)
     assert e.break_even_realisation == pytest.approx(inc / 1250)
 
 
 def test_losses_are_paid_in_full_and_break_even_edges():
     # an option that needs 100 more GPU-h is charged at 100 %, whatever the realisation
-    loss = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_monthly_usd=-50, gpu_hours=-100)
-    assert loss.realised_monthly_usd == pytest.approx(-200) and loss.net_monthly_usd == pytest.approx(-150)
+    loss = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_cost_usd_per_month=-50, gpu_hours=-100)
+    assert loss.realised_value_usd_per_month == pytest.approx(-200) and loss.net_usd_per_month == pytest.approx(-150)
     assert loss.break_even_realisation is None
-    free = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_monthly_usd=-10, gpu_hours=10)
-    assert free.break_even_realisation == 0.0 and free.net_monthly_usd == pytest.approx(20)
+    free = cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_cost_usd_per_month=-10, gpu_hours=10)
+    assert free.break_even_realisation == 0.0 and free.net_usd_per_month == pytest.approx(20)
     with pytest.raises(UsageError):
-        cost_benefit(dollars_per_gpu_hour=2.0, realisation=1.5, incremental_monthly_usd=1, gpu_hours=1)
+        cost_benefit(dollars_per_gpu_hour=2.0, realisation=1.5, incremental_cost_usd_per_month=1, gpu_hours=1)
     with pytest.raises(UsageError):
-        cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_monthly_usd=1)
+        cost_benefit(dollars_per_gpu_hour=2.0, realisation=0.5, incremental_cost_usd_per_month=1)
     with pytest.raises(UsageError):
         monthly_cost(1000, amortisation_months=0)
 
@@ -185,7 +185,7 @@ def test_cli_latency_prints_the_worked_example():
     res = run("estimate", "latency", "--h-dram", 0.8, "--h-flash", 0.15, "--dram-ms", 20, "--flash-ms", 2200,
               "--recompute-ms", 2000, "--overhead-ms", 20, "--json", "-")
     d = json.loads(res.stdout)
-    assert [o["mean_ms"] for o in d["options"]] == pytest.approx([416, 466, 436, 119])
+    assert [o["service_time_mean_ms"] for o in d["options"]] == pytest.approx([416, 466, 436, 119])
 
 
 def test_cli_cost_prints_the_worked_example(tmp_path):
@@ -202,8 +202,8 @@ def test_cli_cost_prints_the_worked_example(tmp_path):
     target = tmp_path / "cost.json"
     assert run(*args, "--json", target).exit_code == 0
     d = json.loads(target.read_text())
-    assert d["current"]["monthly_usd"] == pytest.approx(1749.5644444)
-    assert d["benefit"]["net_monthly_usd"] == pytest.approx(-122.56)
+    assert d["current"]["cost_usd_per_month"] == pytest.approx(1749.5644444)
+    assert d["benefit"]["net_usd_per_month"] == pytest.approx(-122.56)
     assert d["benefit"]["break_even_realisation"] == pytest.approx(0.698048)
 
 
@@ -211,7 +211,7 @@ def test_cli_cost_of_two_options():
     res = run("estimate", "cost", "--hardware", 52000, "--support", 200, "--kw", 1.2, "--new-hardware", 60000,
               "--new-support", 300, "--new-kw", 2.0, "--json", "-")
     d = json.loads(res.stdout)
-    assert d["incremental_monthly_usd"] == pytest.approx(60000 / 36 + 300 + 175.2 - (52000 / 36 + 200 + 105.12))
+    assert d["incremental_cost_usd_per_month"] == pytest.approx(60000 / 36 + 300 + 175.2 - (52000 / 36 + 200 + 105.12))
 
 
 def test_cli_bandwidth():

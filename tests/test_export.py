@@ -178,18 +178,18 @@ def test_blocks_table(db, trace, ex):
         assert row == (b, int(trace.block_hash[b]), ex.req_tenant[r], ex.size[b], ex.size[b] * BPT, root,
                        ex.ts[first[b]], ex.ts[last[b]], count[b], count[b] > 1)
     vr = value_report(trace)
-    values = frame(db, "SELECT horizon_hits, gain_gpu_seconds, cost_dollars, total_value_dollars, value_per_byte, "
-                       "clairvoyant_value_dollars FROM blocks ORDER BY block")
+    values = frame(db, "SELECT horizon_hits, gain_gpu_seconds, cost_usd, total_value_usd, value_usd_per_byte, "
+                       "clairvoyant_value_usd FROM blocks ORDER BY block")
     expected = vr.per_block.select(values.columns)
     assert values.to_dicts() == expected.to_dicts()
 
 
 def test_value_columns_of_accesses(db, trace):
     fr = value_report(trace).future
-    got = db.execute("SELECT reuses, value_dollars, interval_value_dollars FROM accesses ORDER BY t").fetchnumpy()
+    got = db.execute("SELECT reuses, value_usd, interval_value_usd FROM accesses ORDER BY t").fetchnumpy()
     np.testing.assert_array_equal(got["reuses"], fr.reuses)
-    np.testing.assert_array_equal(got["value_dollars"], fr.value_dollars)
-    np.testing.assert_array_equal(got["interval_value_dollars"], fr.interval_value_dollars)
+    np.testing.assert_array_equal(got["value_usd"], fr.value_usd)
+    np.testing.assert_array_equal(got["interval_value_usd"], fr.interval_value_usd)
 
 
 # --------------------------------------------------------------------------- curve tables
@@ -201,7 +201,7 @@ def test_curve_tables_are_the_curve(db, trace):
     assert frame(db, "FROM knees").to_dicts() == cr.knees.to_dicts()
     for by in ("type", "tenant", "turn", "session-length"):
         got = frame(db, "SELECT * EXCLUDE (group_by) FROM curve_by_group WHERE group_by = ? ORDER BY rowid", by)
-        want = compute_curve(trace, by=by).by_group.rename({"group": "group_name"})
+        want = compute_curve(trace, by=by).by_group
         assert got.to_dicts() == want.to_dicts(), by
     meta = meta_row(db)
     for k in RATE_COLUMNS:
@@ -353,7 +353,7 @@ def test_views(db, trace, ex):
         assert g[:6] == w[:6]
         assert g[6:] == pytest.approx(w[6:], rel=1e-9, abs=1e-12)
     # curve_pct: the curve in GiB and percent
-    pct = rows(db, "SELECT capacity_gib, prefix_tokens_pct FROM curve_pct")
+    pct = rows(db, "SELECT capacity_gib, prefix_token_hit_rate_pct FROM curve_pct")
     curve = rows(db, "SELECT capacity_bytes, prefix_token_hit_rate FROM curve ORDER BY capacity_bytes")
     assert pct == [(round(c / GiB, 3), round(100 * r, 2)) for c, r in curve]
 
@@ -449,7 +449,7 @@ def test_parquet_tables_work_with_the_sql_files(trace, tmp_path, db):
 
 
 def test_whatif_table_is_loaded(trace, tmp_path):
-    table = pl.DataFrame({"config": ["dram 256GiB"], "h_dram_token": [0.5], "flash_dwpd": [None]},
+    table = pl.DataFrame({"config": ["dram 256GiB"], "dram_prefix_token_hit_rate": [0.5], "flash_dwpd": [None]},
                          schema_overrides={"flash_dwpd": pl.Float64})
     write_table(table, tmp_path / "w.json", metadata={"model": "x"})
     con = duckdb.connect()

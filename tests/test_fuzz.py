@@ -481,7 +481,7 @@ def workdir(d: Path) -> None:
     (d / "adir").mkdir()
     (d / "pq").mkdir()
     (d / "bad.toml").write_text("[dram]\nprice = 'cheap'\nnot toml at all = = =\n")
-    pl.DataFrame({"config": ["x"], "h_dram_token": [0.25]}).write_parquet(d / "w.parquet")
+    pl.DataFrame({"config": ["x"], "dram_prefix_token_hit_rate": [0.25]}).write_parquet(d / "w.parquet")
     res = RUNNER.invoke(app, ["export", str(d / "trace.jsonl"), "--db", str(d / "db.duckdb")])
     assert res.exit_code == 0, res.stderr
     (d / "old.parquet").write_bytes((d / "trace.parquet").read_bytes())  # a previous output

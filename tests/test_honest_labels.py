@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from kvtrace.cli import app
@@ -58,7 +59,7 @@ def test_compare_local_rows_state_their_tiers_and_only_their_figures():
     assert rows["local-ssd"][0] == "DRAM 1 GiB/node + local SSD 64 GiB/node x 4 nodes"
     assert rows["local-ssd"][5] == format_bytes(local["local_write_bytes_per_day"]) != "0 B"
     assert rows["local-ssd"][6] == f"{local['local_dwpd']:.2f}"
-    assert rows["local-ssd"][2] == f"{100 * local['h_local_token']:.2f}%"
+    assert rows["local-ssd"][2] == f"{100 * local['local_prefix_token_hit_rate']:.2f}%"
     assert rows["shared-flash"][0] == "DRAM 1 GiB/node + shared flash 256 GiB x 4 nodes"
     assert rows["shared-flash"][5] == format_bytes(shared["flash_write_bytes_per_day"])
     assert rows["shared-flash"][6] == f"{shared['flash_dwpd']:.2f}"
@@ -82,10 +83,10 @@ def test_group_table_is_at_the_knee_itself_with_each_groups_true_ceiling():
     at = compute_curve(trace, by="type", capacities=[knee_bytes]).by_group
     big = compute_curve(trace, by="type", capacities=[res.info["distinct_bytes"]]).by_group  # holds every block
     for r in gs.iter_rows(named=True):
-        ref = at.filter(pl.col("group") == r["group"]).row(0, named=True)
+        ref = at.filter(pl.col("group_name") == r["group_name"]).row(0, named=True)
         for k in ("request_hit_rate", "prefix_token_hit_rate", "compute_saved_rate"):
-            assert r[k] == ref[k], (r["group"], k)
-        top = big.filter(pl.col("group") == r["group"])["prefix_token_hit_rate"][0]
+            assert r[k] == ref[k], (r["group_name"], k)
+        top = big.filter(pl.col("group_name") == r["group_name"])["prefix_token_hit_rate"][0]
         assert r["ceiling_prefix_token_hit_rate"] == top
     # the old table showed the grid point below the knee and the rate at the largest capacity given
     assert knee_bytes not in res.by_group["capacity_bytes"].to_list()
@@ -139,3 +140,25 @@ def test_whatif_says_how_it_ran():
     assert res.exit_code == 0, res.stderr
     tail = " ".join(res.stdout.split()[-40:])
     assert "4 configuration(s) in" in tail and ", serially (estimated 0.0 s of replay;" in tail
+
+
+def test_the_half_prefix_request_rate_tells_what_the_request_rate_cannot(tmp_path):
+    # every request starts with block 7 (a system prompt); its second block is one of 5
+    # (each reused every 5 requests), its third block is new: 3 blocks of 512 tokens,
+    # 1,536 tokens, so half the prompt (768 tokens) needs blocks 7 and the second one
+    t = tmp_path / "sys.jsonl"
+    rows = [{"timestamp": i, "input_length": 1536, "output_length": 1, "hash_ids": [7, 100 + i % 5, 1000 + i]}
+            for i in range(200)]
+    t.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bpt = 327680  # Llama-3.1-70B, the default model
+    block = 512 * bpt
+    # the LRU distance of the second block is 7 + the 5 second blocks + 4 or 5 cold blocks
+    # between its uses; below one block nothing hits, at 2 blocks block 7 always does
+    data = json.loads(run("curve", t, "--capacity", f"{2 * block}B,{16 * block}B", "--json", "-").stdout)
+    small, big = data["rows"]
+    assert small["request_hit_rate"] == big["request_hit_rate"] == pytest.approx(199 / 200)  # the first is cold
+    assert small["request_half_prefix_hit_rate"] == 0.0
+    assert big["request_half_prefix_hit_rate"] == pytest.approx(195 / 200)  # the first 5 second blocks are cold
+    assert data["ceiling"]["request_half_prefix_hit_rate"] == pytest.approx(195 / 200)
+    out = " ".join(run("curve", t).stdout.split())
+    assert "half-prefix requests" in out and "(half-prefix requests)" in out

@@ -35,7 +35,7 @@ out["sampled"] = compute_curve(tr, sample_rate=0.5, points=20).curve.to_dicts()
 from kvtrace.value import future_reuse
 from kvtrace.whatif import TierConfig, simulate
 fr = future_reuse(tr)
-out["value"] = fr.value_dollars.tolist()
+out["value"] = fr.value_usd.tolist()
 for policy in ("all", "tinylfu", "value>=0"):
     cfg = TierConfig("2GiB", flash_bytes="8GiB", policy=policy, promotion="copy", inclusive=True)
     w = simulate(tr, cfg, values=fr)

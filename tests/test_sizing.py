@@ -159,7 +159,7 @@ def test_same_slo_lens_by_hand(cyclic):
     # today (1 GiB) and no tier at all: every reusable request recomputes -> P99 = R
     for cand in ("keep-dram", "recompute-only"):
         r = row(res, "same-slo", cand)
-        assert r["p99_ms"] == pytest.approx(R) and not r["feasible"]
+        assert r["service_time_p99_ms"] == pytest.approx(R) and not r["feasible"]
     # cheapest configurations holding 4 blocks: DRAM 4 GiB ($40); 1 GiB DRAM + 3 GiB
     # local ($10 + $3); 1 GiB DRAM + 3 GiB shared ($10 + $3 + $100); DRAM + flash needs
     # DRAM > 1 GiB and flash >= 1 GiB: 2 + 2 ($20 + $2 + $100) beats 3 + 1 ($131)
@@ -168,16 +168,16 @@ def test_same_slo_lens_by_hand(cyclic):
     for cand, (d, loc, f, cost) in expect.items():
         r = row(res, "same-slo", cand)
         assert (r["dram_bytes"], r["local_ssd_bytes"], r["flash_bytes"]) == (d * GiB, loc * GiB, f * GiB), cand
-        assert r["monthly_cost_usd"] == pytest.approx(cost), cand
-        assert r["feasible"] and r["h_dram"] + r["h_flash"] == pytest.approx(196 / 200), cand
+        assert r["cost_usd_per_month"] == pytest.approx(cost), cand
+        assert r["feasible"] and r["dram_prefix_token_hit_rate"] + r["ssd_prefix_token_hit_rate"] == pytest.approx(196 / 200), cand
     # the hits' restore time: latency + 1 GiB / bandwidth (+ O for a flash tier)
-    assert row(res, "same-slo", "expand-dram")["p99_ms"] == pytest.approx(0.2 + GiB / 25e9 * 1e3)
-    assert row(res, "same-slo", "add-local-ssd")["p99_ms"] == pytest.approx(0.1 + GiB / 50e9 * 1e3 + 0.5)
+    assert row(res, "same-slo", "expand-dram")["service_time_p99_ms"] == pytest.approx(0.2 + GiB / 25e9 * 1e3)
+    assert row(res, "same-slo", "add-local-ssd")["service_time_p99_ms"] == pytest.approx(0.1 + GiB / 50e9 * 1e3 + 0.5)
     # value: 196 avoided recomputes in 199 s, per hour x 730 h x $2.5/GPU-h; 60 % realised
     value = 196 * R / 1e3 * 3600 / 199 * 730 / 3600 * 2.5
     local = row(res, "same-slo", "add-local-ssd")
-    assert local["value_monthly_usd"] == pytest.approx(value)
-    assert local["net_monthly_usd"] == pytest.approx(0.6 * value - 3.0)
+    assert local["value_usd_per_month"] == pytest.approx(value)
+    assert local["net_usd_per_month"] == pytest.approx(0.6 * value - 3.0)
     assert local["break_even_realisation"] == pytest.approx(3.0 / value)
     # equal value, so the ranking is by cost; second-hit loses hits, so "all" is chosen
     order = res.candidates.filter(pl.col("lens") == "same-slo").sort("rank")["candidate"].to_list()
@@ -203,7 +203,7 @@ def test_same_capacity_and_same_budget_lenses_by_hand(cyclic):
     bud = {c: row(res, "same-budget", c) for c in CANDIDATES}
     assert bud["expand-dram"]["dram_bytes"] == 3 * GiB and not bud["expand-dram"]["meets_slo"]
     assert bud["add-local-ssd"]["local_ssd_bytes"] == 8 * GiB and bud["add-local-ssd"]["feasible"]
-    assert bud["add-local-ssd"]["monthly_cost_usd"] == pytest.approx(18.0)
+    assert bud["add-local-ssd"]["cost_usd_per_month"] == pytest.approx(18.0)
     assert bud["add-shared-flash"]["config"] is None and "not applicable" in bud["add-shared-flash"]["reasons"]
     assert bud["add-local-ssd"]["rank"] == 1
     assert res.info["budget_source"] == "config" and res.info["same_capacity_bytes"] == 4 * GiB
@@ -221,10 +221,10 @@ def test_endurance_rules_out_flash_by_hand(cyclic):
     # no local SSD size is feasible: the row shown is the closest by normalised shortfall, the
     # second-hit admission (P99 +47 %, 10,583 DWPD) rather than admit-all (SLO met, 10,800 DWPD)
     assert not local["feasible"] and local["local_ssd_bytes"] == 8 * GiB
-    assert local["shortfall"] == pytest.approx(local["dwpd"] / 1000 - 1) and local["dwpd"] < 10800
+    assert local["shortfall"] == pytest.approx(local["ssd_dwpd"] / 1000 - 1) and local["ssd_dwpd"] < 10800
     assert "1000 DWPD rating" in local["reasons"] and "all: P99 22.1 ms, 10,800.00 DWPD" in local["reasons"]
     both = row(res, "same-slo", "dram+flash")
-    assert (both["dram_bytes"], both["flash_bytes"]) == (4 * GiB, GiB) and both["dwpd"] == pytest.approx(0)
+    assert (both["dram_bytes"], both["flash_bytes"]) == (4 * GiB, GiB) and both["ssd_dwpd"] == pytest.approx(0)
     rec = res.recommendation
     assert (rec.candidate, rec.config) == ("expand-dram", "DRAM 4 GiB")
     assert any("Ruled out: add local SSD" in r and "DWPD" in r for r in rec.reasons)
@@ -257,9 +257,9 @@ def test_mean_improves_but_p99_does_not(tmp_path):
     res = recommend(load_trace(p), cfg)
     keep = row(res, "same-slo", "keep-dram")
     R = recompute_ms_of_one_block()
-    assert keep["p99_ms"] == pytest.approx(R)
+    assert keep["service_time_p99_ms"] == pytest.approx(R)
     rec = res.recommendation
-    assert rec.figures["p99_ms"] >= keep["p99_ms"] and rec.figures["mean_ms"] < keep["mean_ms"]
+    assert rec.figures["service_time_p99_ms"] >= keep["service_time_p99_ms"] and rec.figures["service_time_mean_ms"] < keep["service_time_mean_ms"]
     assert any(r.startswith("Mean improves but P99 does not for the recommendation") for r in rec.risks)
     assert res.info["budget_source"].startswith("monthly cost of the same-SLO winner")
 
@@ -285,8 +285,8 @@ def test_search_estimates_equal_the_replay_with_one_block_size(tmp_path):
     rows = res.candidates.filter(pl.col("config").is_not_null())
     assert rows.height >= 12
     for r in rows.iter_rows(named=True):
-        assert r["est_mean_ms"] == pytest.approx(r["mean_ms"], rel=1e-9), r["config"]
-        assert r["est_p99_ms"] == pytest.approx(r["p99_ms"], rel=1e-9), r["config"]
+        assert r["estimated_service_time_mean_ms"] == pytest.approx(r["service_time_mean_ms"], rel=1e-9), r["config"]
+        assert r["estimated_service_time_p99_ms"] == pytest.approx(r["service_time_p99_ms"], rel=1e-9), r["config"]
 
 
 # ----------------------------------------------------------------------------- outputs
@@ -300,8 +300,10 @@ def test_result_is_json_and_reports_are_self_contained(cyclic):
     d = json.loads(json.dumps(res.to_dict(), allow_nan=False))
     assert d["recommendation"]["candidate"] == "add-local-ssd"
     assert {r["lens"] for r in d["candidates"]} == set(LENSES) and len(d["candidates"]) == 18
-    assert set(res.candidates.columns) >= {"candidate", "lens", "dram_bytes", "flash_bytes", "h_dram", "h_flash",
-                                           "mean_ms", "p99_ms", "monthly_cost_usd", "net_monthly_usd",
+    assert set(res.candidates.columns) >= {"candidate", "lens", "dram_bytes", "flash_bytes",
+                                           "dram_prefix_token_hit_rate", "ssd_prefix_token_hit_rate",
+                                           "service_time_mean_ms", "service_time_p99_ms", "cost_usd_per_month",
+                                           "net_usd_per_month",
                                            "break_even_realisation", "feasible", "reasons"}
     md = report_markdown(res, charts=False)
     assert "## Recommendation: add local SSD (DRAM 1 GiB + local SSD 3 GiB, admission all)" in md
@@ -340,10 +342,10 @@ def test_recommended_flash_configuration_replays_identically_with_whatif(cyclic)
     res = recommend(load_trace(cyclic), tiny_config(), trace_name=str(cyclic))
     w = whatif_figures(res.recommendation.whatif_command, cyclic)
     f = res.recommendation.figures
-    assert w["h_dram_token"] == f["h_dram"]
-    assert w["h_local_token"] + w["h_flash_token"] == f["h_flash"]
-    assert w["service_time_p99_s"] * 1e3 == f["p99_ms"]
-    assert w["local_dwpd"] == f["dwpd"]
+    assert w["dram_prefix_token_hit_rate"] == f["dram_prefix_token_hit_rate"]
+    assert w["local_prefix_token_hit_rate"] + w["flash_prefix_token_hit_rate"] == f["ssd_prefix_token_hit_rate"]
+    assert w["service_time_p99_ms"] == f["service_time_p99_ms"]
+    assert w["local_dwpd"] == f["ssd_dwpd"]
 
 
 def test_sample_trace_size_is_fast_and_consistent_with_whatif(tmp_path):
@@ -358,11 +360,11 @@ def test_sample_trace_size_is_fast_and_consistent_with_whatif(tmp_path):
     assert rec["candidate"] in CANDIDATES and rec["figures"]["feasible"]
     w = whatif_figures(rec["whatif_command"], CHAT)
     f = rec["figures"]
-    assert w["h_dram_token"] == pytest.approx(f["h_dram"], rel=1e-12)
-    assert (w["h_flash_token"] or 0) + (w["h_local_token"] or 0) == pytest.approx(f["h_flash"], rel=1e-12, abs=0)
-    assert w["service_time_p99_s"] * 1e3 == pytest.approx(f["p99_ms"], rel=1e-12)
+    assert w["dram_prefix_token_hit_rate"] == pytest.approx(f["dram_prefix_token_hit_rate"], rel=1e-12)
+    assert (w["flash_prefix_token_hit_rate"] or 0) + (w["local_prefix_token_hit_rate"] or 0) == pytest.approx(f["ssd_prefix_token_hit_rate"], rel=1e-12, abs=0)
+    assert w["service_time_p99_ms"] == pytest.approx(f["service_time_p99_ms"], rel=1e-12)
     # and the table's today row is what kvtrace whatif says of today's DRAM
     today = whatif_figures("kvtrace whatif X --dram 64GiB", CHAT)
-    assert today["service_time_p99_s"] * 1e3 == pytest.approx(f["before_p99_ms"], rel=1e-12)
+    assert today["service_time_p99_ms"] == pytest.approx(f["before_service_time_p99_ms"], rel=1e-12)
     assert re.search(r"expand DRAM|add local SSD|add shared flash|DRAM \+ flash|keep DRAM|recompute only",
                      res.stdout)

@@ -46,11 +46,11 @@ def test_closest_is_by_normalised_shortfall_not_by_checks_passed(cyclic):
     slo = res.candidates.filter(pl.col("lens") == "same-slo").sort("rank")
     assert not slo["feasible"].any()
     local, dram = row(res, "same-slo", "add-local-ssd"), row(res, "same-slo", "expand-dram")
-    assert local["p99_ms"] == pytest.approx(2**30 / 50e9 * 1e3 + 0.6)
-    assert local["dwpd"] == pytest.approx(10800)
-    assert local["shortfall"] == pytest.approx(max(local["p99_ms"] / 10 - 1, 10800 / 10000 - 1))
-    assert dram["p99_ms"] == pytest.approx(2**30 / 25e9 * 1e3 + 0.2)
-    assert dram["shortfall"] == pytest.approx(dram["p99_ms"] / 10 - 1)
+    assert local["service_time_p99_ms"] == pytest.approx(2**30 / 50e9 * 1e3 + 0.6)
+    assert local["ssd_dwpd"] == pytest.approx(10800)
+    assert local["shortfall"] == pytest.approx(max(local["service_time_p99_ms"] / 10 - 1, 10800 / 10000 - 1))
+    assert dram["service_time_p99_ms"] == pytest.approx(2**30 / 25e9 * 1e3 + 0.2)
+    assert dram["shortfall"] == pytest.approx(dram["service_time_p99_ms"] / 10 - 1)
     assert local["rank"] < dram["rank"] and slo["candidate"][0] == "add-local-ssd"
     assert local["shortfalls"] == "P99 +120.7 %, endurance (DWPD) +8.0 %"
 
@@ -93,7 +93,7 @@ def test_only_endurance_separates_two_candidates(cyclic):
     local, shared = row(res, "same-slo", "add-local-ssd"), row(res, "same-slo", "add-shared-flash")
     assert local["meets_slo"] and local["bandwidth_headroom"] >= 1 and not local["feasible"]
     assert local["shortfalls"] == "endurance (DWPD) +980.0 %"
-    assert local["net_monthly_usd"] > shared["net_monthly_usd"] and shared["feasible"]
+    assert local["net_usd_per_month"] > shared["net_usd_per_month"] and shared["feasible"]
     rec = res.recommendation
     assert rec.feasible and rec.candidate == "add-shared-flash"
     assert rec.headline == f"recommendation: add shared flash ({shared['config']}, admission all)"

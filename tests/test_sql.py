@@ -105,7 +105,7 @@ def expect_01(ex, trace, capacity=TiB):
     want = [(k, g[0], g[1] / g[0], g[2] / g[3], g[4] / g[5]) for k, g in sorted(by_type.items())]
     # and what `kvtrace curve --by type --capacity` reports
     bg = compute_curve(trace, by="type", capacities=[capacity]).by_group
-    curve = [(r["group"], r["request_hit_rate"], r["prefix_token_hit_rate"], r["compute_saved_rate"])
+    curve = [(r["group_name"], r["request_hit_rate"], r["prefix_token_hit_rate"], r["compute_saved_rate"])
              for r in bg.iter_rows(named=True)]
     approx_rows([(w[0], w[2], w[3], w[4]) for w in want], curve, rel=1e-12)
     return want
@@ -172,8 +172,8 @@ def expect_05(ex, trace, top=10):
     for t, b in enumerate(ex.block):
         first.setdefault(b, t)
     return [(r["root_hash"], ex.req_tenant[ex.request[first[r["root_block"]]]], r["blocks"], r["bytes"] / 2**30,
-             r["accesses"], r["never_reused_bytes"] / r["bytes"], r["total_value_dollars"], r["value_per_byte"] * 1e12,
-             r["clairvoyant_value_dollars"]) for r in pp.iter_rows(named=True)]
+             r["accesses"], r["never_reused_bytes"] / r["bytes"], r["total_value_usd"], r["value_usd_per_byte"] * 1e12,
+             r["clairvoyant_value_usd"]) for r in pp.iter_rows(named=True)]
 
 
 def expect_06(ex, ttls=(60, 300, 1800, 3600)):
@@ -211,7 +211,7 @@ def expect_08(trace, capacities=(16 * GiB, 64 * GiB, 256 * GiB, TiB, 4 * TiB)):
 
 
 def expect_09(ex, trace):
-    total = value_report(trace).per_block["total_value_dollars"].to_list()
+    total = value_report(trace).per_block["total_value_usd"].to_list()
     first: dict = {}
     count: dict = {}
     for t, b in enumerate(ex.block):
@@ -431,11 +431,12 @@ def test_export_cli_output_and_failure_keeps_the_database(fixture_path, tmp_path
 def test_export_parquet_and_whatif_options(fixture_path, tmp_path):
     (tmp_path / "pq").mkdir()
     whatif = tmp_path / "w.csv"
-    whatif.write_text("config,h_dram_token\nx,0.25\n")
+    whatif.write_text("config,dram_prefix_token_hit_rate\nx,0.25\n")
     ok(run("export", fixture_path, "--db", tmp_path / "a.duckdb", "--parquet", tmp_path / "pq", "--whatif", whatif,
            "--points", "20"))
     assert pq.read_table(tmp_path / "pq" / "curve.parquet").num_rows == 20
-    assert pq.read_table(tmp_path / "pq" / "whatif.parquet").to_pylist() == [{"config": "x", "h_dram_token": 0.25}]
+    assert pq.read_table(tmp_path / "pq" / "whatif.parquet").to_pylist() == [{"config": "x",
+                                                                              "dram_prefix_token_hit_rate": 0.25}]
 
 
 # --------------------------------------------------------------------------- the interactive prompt

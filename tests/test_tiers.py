@@ -31,6 +31,7 @@ import naive_tiers as twin
 from strategies import chained_traces, make_trace, random_traces
 
 from kvtrace.curves import compute_curve
+from kvtrace.names import MISS_OF_UNIT, RATE_OF_UNIT, tier_rate
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.memory import Scratch
@@ -460,12 +461,13 @@ def test_summary_shares_equal_the_curve(tr, kd, kf, flat):
     row = res.summary
     for unit, col in CURVE_RATES.items():
         at_d, at_df = curve.curve[col].to_list()
-        assert row[f"h_dram_{unit}"] == pytest.approx(at_d, rel=1e-12, abs=1e-15), unit
-        assert row[f"hit_rate_{unit}"] == pytest.approx(at_df, rel=1e-12, abs=1e-15), unit
-        assert row[f"h_flash_{unit}"] == pytest.approx(at_df - at_d, rel=1e-9, abs=1e-12), unit
-        assert row[f"h_dram_{unit}"] + row[f"h_local_{unit}"] + row[f"h_flash_{unit}"] + row[f"miss_{unit}"] == (
-            pytest.approx(1.0))
-    assert sum(row[f"block_share_{d}"] for d in ("dram", "local", "flash", "miss")) == pytest.approx(1.0)
+        assert row[tier_rate("dram", unit)] == pytest.approx(at_d, rel=1e-12, abs=1e-15), unit
+        assert row[RATE_OF_UNIT[unit]] == pytest.approx(at_df, rel=1e-12, abs=1e-15), unit
+        assert row[tier_rate("flash", unit)] == pytest.approx(at_df - at_d, rel=1e-9, abs=1e-12), unit
+        shares = [row[tier_rate(t, unit)] for t in ("dram", "local", "flash")] + [row[MISS_OF_UNIT[unit]]]
+        assert sum(shares) == pytest.approx(1.0)
+    blocks = [row[f"{t}_block_hit_rate"] for t in ("dram", "local", "flash")] + [row["block_miss_rate"]]
+    assert sum(blocks) == pytest.approx(1.0)
 
 
 @FEW
@@ -509,11 +511,11 @@ def test_summary_and_requests_follow_the_twin(case, write_mode):
         return None if y == 0 else pytest.approx(x / y)
 
     for i, t in enumerate(("dram", "local", "flash")):
-        assert row[f"h_{t}_request"] == share(firsts.count(i), n_meas)
-        assert row[f"h_{t}_token"] == share(s[f"prefix_{t}_tokens"], s["total_tokens"])
-        assert row[f"h_{t}_byte"] == share(s[f"prefix_{t}_size"], s["total_size"])
+        assert row[tier_rate(t, "request")] == share(firsts.count(i), n_meas)
+        assert row[tier_rate(t, "token")] == share(s[f"prefix_{t}_tokens"], s["total_tokens"])
+        assert row[tier_rate(t, "byte")] == share(s[f"prefix_{t}_size"], s["total_size"])
         flops = a * s[f"prefix_{t}_tokens"] + b * s[f"prefix_{t}_q"]
-        assert row[f"h_{t}_compute"] == share(flops, a * s["total_tokens"] + b * s["total_q"])
+        assert row[tier_rate(t, "compute")] == share(flops, a * s["total_tokens"] + b * s["total_q"])
         assert row[f"{t}_eviction_bytes"] == c[f"evict_{t}_tokens"] * bpt
     for t in ("local", "flash"):
         assert row[f"{t}_write_bytes"] == c[f"write_{t}_tokens"] * bpt
@@ -529,15 +531,15 @@ def test_summary_and_requests_follow_the_twin(case, write_mode):
     for i, t in enumerate(("local", "flash"), start=1):
         per_win = np.bincount(win, weights=out[:, i] * bpt) if R > first else np.zeros(1)
         assert row[f"{t}_read_bytes"] == pytest.approx(out[:, i].sum() * bpt)
-        assert row[f"{t}_read_bytes_per_s_peak"] == pytest.approx(per_win.max() / 2.0)
+        assert row[f"{t}_read_peak_bytes_per_s"] == pytest.approx(per_win.max() / 2.0)
     # per-request service times: the response model on the twin's bytes and FLOPs
     times = request_times(out[:, 0] * bpt, (out[:, 1] + out[:, 2]) * bpt, a * out[:, 3] + b * out[:, 4],
                           a * out[:, 5] + b * out[:, 6], resp, cfg.has_flash)
-    npt.assert_allclose(res.requests["service_time_s"].to_numpy(), times, rtol=1e-12)
+    npt.assert_allclose(res.requests["service_time_ms"].to_numpy(), np.asarray(times) * 1e3, rtol=1e-12)
     assert res.requests["branch"].to_list() == [["dram", "local", "flash", "miss"][x] for x in want["req_level"][first:]]
-    assert row["service_time_mean_s"] == pytest.approx(times.mean() if times.size else None)
+    assert row["service_time_mean_ms"] == pytest.approx(times.mean() * 1e3 if times.size else None)
     if times.size:
-        assert row["service_time_p99_s"] == float(np.percentile(times, 99, method="inverted_cdf"))
+        assert row["service_time_p99_ms"] == float(np.percentile(times, 99, method="inverted_cdf")) * 1e3
     assert res.residency["count"].sum() == sum(sum(sum(m) for m in tier) for i, tier in enumerate(want["hist"])
                                                if i == 0 or (i == 1 and kw["local"]) or (i == 2 and kw["flash"]))
 
@@ -577,7 +579,7 @@ def test_local_ssd_vs_shared_flash_in_one_sweep():
     table = sweep(trace, configs, model=ONE_BYTE, workers=1)
     assert table["config"].to_list() == ["local-ssd", "shared-flash"]
     local, shared = table.to_dicts()
-    assert local["h_local_token"] == 0 and shared["h_flash_token"] == pytest.approx(3 / 8)
+    assert local["local_prefix_token_hit_rate"] == 0 and shared["flash_prefix_token_hit_rate"] == pytest.approx(3 / 8)
     assert local["local_write_bytes"] > 0 and shared["flash_write_bytes"] > 0
 
 
@@ -614,7 +616,7 @@ def test_parallel_sweep_maps_the_trace_and_values_and_removes_its_files(tmp_path
     serial = sweep(trace, configs, model=ONE_BYTE, values=values, workers=1, warmup="10%")
     parallel = sweep(trace, configs, model=ONE_BYTE, values=values, workers=2, warmup="10%")
     assert serial.equals(parallel, null_equal=True)
-    assert serial["value_captured_dollars"].drop_nulls().len() == len(configs)  # the values reached every run
+    assert serial["value_captured_usd"].drop_nulls().len() == len(configs)  # the values reached every run
     assert list(tmp_path.iterdir()) == []
 
 

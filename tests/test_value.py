@@ -298,9 +298,9 @@ def test_value_by_hand_per_access(hand):
     npt.assert_allclose(fr.gain_gpu_seconds, [32, 96, 0, 0, 0, 0, 0])
     npt.assert_allclose(fr.hold_s, [1, 1, 5, 5, 5, 5, 5])
     # 32 - 16 x (0.5 + 0.25 + 0.1 x 1); no reuse: - bytes x (0.5 + 0.1 x 5)
-    npt.assert_allclose(fr.value_dollars, [18.4, 82.4, -16, -16, -16, -4, -16])
+    npt.assert_allclose(fr.value_usd, [18.4, 82.4, -16, -16, -16, -4, -16])
     # stays: b10 {t0, t2} {t4}; b11 {t1, t3}; b20; b30
-    npt.assert_allclose(fr.interval_value_dollars, [18.4, 82.4, -8, -8, -16, -4, -16])
+    npt.assert_allclose(fr.interval_value_usd, [18.4, 82.4, -8, -8, -16, -4, -16])
     npt.assert_array_equal(fr.starts_stay, [True, True, False, False, True, True, True])
 
 
@@ -313,16 +313,16 @@ def test_value_by_hand_tables(hand):
     assert b["horizon_hits"].to_list() == [1, 1, 0, 0]
     assert b["first_seen_s"].to_list() == [0.0, 0.0, 10.0, 11.0]
     assert b["last_seen_s"].to_list() == [10.0, 1.0, 10.0, 11.0]
-    npt.assert_allclose(b["total_value_dollars"], [-5.6, 74.4, -4, -16])
-    npt.assert_allclose(b["value_per_byte"], [-0.35, 4.65, -1, -1])
-    npt.assert_allclose(b["clairvoyant_value_dollars"], [18.4, 82.4, 0, 0])
-    npt.assert_allclose(b["gain_gpu_seconds"] - b["cost_dollars"], b["total_value_dollars"])
+    npt.assert_allclose(b["total_value_usd"], [-5.6, 74.4, -4, -16])
+    npt.assert_allclose(b["value_usd_per_byte"], [-0.35, 4.65, -1, -1])
+    npt.assert_allclose(b["clairvoyant_value_usd"], [18.4, 82.4, 0, 0])
+    npt.assert_allclose(b["gain_gpu_seconds"] - b["cost_usd"], b["total_value_usd"])
     p = hand.per_prefix
     assert p["root_hash"].to_list() == [10, 30]
     assert p["blocks"].to_list() == [3, 1] and p["bytes"].to_list() == [36, 16]
     assert p["accesses"].to_list() == [6, 1] and p["never_reused_bytes"].to_list() == [4, 16]
-    npt.assert_allclose(p["total_value_dollars"], [64.8, -16])
-    npt.assert_allclose(p["value_per_byte"], [1.8, -1])
+    npt.assert_allclose(p["total_value_usd"], [64.8, -16])
+    npt.assert_allclose(p["value_usd_per_byte"], [1.8, -1])
     assert hand.top_prefixes(1)["root_block"].to_list() == [0]
 
 
@@ -335,12 +335,12 @@ def test_value_by_hand_summary(hand):
     assert s["no_reuse_in_horizon_access_share"] == pytest.approx(5 / 7)
     assert s["positive_window_value_access_share"] == pytest.approx(2 / 7)
     assert s["negative_value_bytes_share"] == pytest.approx(36 / 52)
-    for key, want in (("gain_gpu_seconds", 128), ("gain_dollars", 128), ("write_cost_dollars", 34),
-                      ("read_cost_dollars", 8), ("occupancy_cost_dollars", 37.2), ("total_value_dollars", 48.8),
-                      ("clairvoyant_bound_dollars", 100.8)):
+    for key, want in (("gain_gpu_seconds", 128), ("gain_usd", 128), ("write_cost_usd", 34),
+                      ("read_cost_usd", 8), ("occupancy_cost_usd", 37.2), ("total_value_usd", 48.8),
+                      ("clairvoyant_bound_usd", 100.8)):
         assert s[key] == pytest.approx(want), key
     want_q = {"p10": -1, "p25": -1, "p50": -0.35, "p75": 4.65, "p90": 4.65, "p99": 4.65}
-    assert s["value_per_byte_quantiles"] == pytest.approx(want_q)
+    assert s["value_usd_per_byte_quantiles"] == pytest.approx(want_q)
     assert s["horizon_s"] == 5.0 and s["model"] == "toy"
 
 
@@ -365,7 +365,7 @@ def test_value_formula_independent():
             nbytes = size[h] * model.kv_bytes_per_token
             cost = nbytes * (3e-13 + 1e-13 * len(inside) + 2e-14 * hold)
             assert fr.gain_gpu_seconds[t] == pytest.approx(gpu.gpu_seconds(flops), rel=1e-12)
-            assert fr.value_dollars[t] == pytest.approx(gpu.dollars(flops) - cost, rel=1e-9, abs=1e-18)
+            assert fr.value_usd[t] == pytest.approx(gpu.dollars(flops) - cost, rel=1e-9, abs=1e-18)
 
 
 # ----------------------------------------------------------------- value: vs the twin
@@ -387,10 +387,10 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
                             costs.occupancy_dollars_per_byte_second)
     _families_below_shared_root(tw, ct, res)
     fr = res.future
-    scale = 1.0 + sum(abs(x["gain_dollars"]) + abs(x["cost_dollars"]) for x in tw["access"])
+    scale = 1.0 + sum(abs(x["gain_usd"]) + abs(x["cost_usd"]) for x in tw["access"])
     for key in ("reuses", "next_t"):
         npt.assert_array_equal(getattr(fr, key), [x[key] for x in tw["access"]], err_msg=key)
-    for key in ("hold_s", "gain_gpu_seconds", "gain_dollars", "cost_dollars", "value_dollars"):
+    for key in ("hold_s", "gain_gpu_seconds", "gain_usd", "cost_usd", "value_usd"):
         npt.assert_allclose(getattr(fr, key), [x[key] for x in tw["access"]], rtol=1e-9, atol=1e-9 * scale,
                             err_msg=key)
 
@@ -400,13 +400,13 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
     assert pb["hash"].to_list() == _hashes(rows)
     for key in ("root_block", "accesses", "reused", "horizon_hits", "bytes", "first_seen_s", "last_seen_s"):
         assert pb[key].to_list() == [tw["block"][b][key] for b in range(pb.height)], key
-    for key in ("gain_gpu_seconds", "cost_dollars", "total_value_dollars", "clairvoyant_value_dollars"):
+    for key in ("gain_gpu_seconds", "cost_usd", "total_value_usd", "clairvoyant_value_usd"):
         npt.assert_allclose(pb[key], [tw["block"][b][key] for b in range(pb.height)], rtol=1e-9,
                             atol=1e-9 * scale, err_msg=key)
     # the interval decomposition sums to the schedule's value, block by block
-    per_block_sum = np.bincount(fr.block, weights=fr.interval_value_dollars, minlength=pb.height)
-    npt.assert_allclose(per_block_sum, pb["total_value_dollars"], rtol=1e-9, atol=1e-9 * scale)
-    assert (pb["clairvoyant_value_dollars"] >= pb["total_value_dollars"].clip(lower_bound=0) - 1e-9 * scale).all()
+    per_block_sum = np.bincount(fr.block, weights=fr.interval_value_usd, minlength=pb.height)
+    npt.assert_allclose(per_block_sum, pb["total_value_usd"], rtol=1e-9, atol=1e-9 * scale)
+    assert (pb["clairvoyant_value_usd"] >= pb["total_value_usd"].clip(lower_bound=0) - 1e-9 * scale).all()
 
     # per-prefix rollup
     pp = res.per_prefix
@@ -415,9 +415,9 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
         want = tw["prefix"][row["root_block"]]
         for key in ("blocks", "bytes", "accesses", "never_reused_bytes"):
             assert row[key] == want[key], key
-        for key in ("gain_gpu_seconds", "total_value_dollars", "value_per_byte", "clairvoyant_value_dollars"):
+        for key in ("gain_gpu_seconds", "total_value_usd", "value_usd_per_byte", "clairvoyant_value_usd"):
             assert _close(row[key], want[key], scale), key
-    totals = pp["total_value_dollars"].to_list()
+    totals = pp["total_value_usd"].to_list()
     assert all(x >= y - 1e-9 * scale for x, y in zip(totals, totals[1:])), "not sorted by value"
 
     # summary
@@ -426,28 +426,28 @@ def test_value_report_matches_twin(rows_b, horizon, costs):
         assert s[key] == ws[key], key
     for key in ("never_reused_bytes_share", "never_reused_access_share", "no_reuse_in_horizon_access_share"):
         assert s[key] == (None if ws[key] is None else pytest.approx(ws[key])), key
-    for key in ("gain_gpu_seconds", "write_cost_dollars", "read_cost_dollars", "occupancy_cost_dollars",
-                "total_value_dollars", "clairvoyant_bound_dollars"):
+    for key in ("gain_gpu_seconds", "write_cost_usd", "read_cost_usd", "occupancy_cost_usd",
+                "total_value_usd", "clairvoyant_bound_usd"):
         assert _close(s[key], ws[key], scale), key
-    assert s["total_value_dollars"] == pytest.approx(
-        s["gain_dollars"] - s["write_cost_dollars"] - s["read_cost_dollars"] - s["occupancy_cost_dollars"],
+    assert s["total_value_usd"] == pytest.approx(
+        s["gain_usd"] - s["write_cost_usd"] - s["read_cost_usd"] - s["occupancy_cost_usd"],
         rel=1e-9, abs=1e-9 * scale)
     # signs of values within rounding of 0 may differ: the share must lie between the
     # shares of clearly negative and of not clearly positive blocks
     eps = 1e-9 * scale
     if ws["distinct_bytes"]:
-        neg_lo = sum(x["bytes"] for x in tw["block"].values() if x["total_value_dollars"] < -eps) / ws["distinct_bytes"]
-        neg_hi = sum(x["bytes"] for x in tw["block"].values() if x["total_value_dollars"] < eps) / ws["distinct_bytes"]
+        neg_lo = sum(x["bytes"] for x in tw["block"].values() if x["total_value_usd"] < -eps) / ws["distinct_bytes"]
+        neg_hi = sum(x["bytes"] for x in tw["block"].values() if x["total_value_usd"] < eps) / ws["distinct_bytes"]
         assert neg_lo - 1e-12 <= s["negative_value_bytes_share"] <= neg_hi + 1e-12
         n = ws["accesses"]
-        pos_lo = sum(x["value_dollars"] > eps for x in tw["access"]) / n
-        pos_hi = sum(x["value_dollars"] > -eps for x in tw["access"]) / n
+        pos_lo = sum(x["value_usd"] > eps for x in tw["access"]) / n
+        pos_hi = sum(x["value_usd"] > -eps for x in tw["access"]) / n
         assert pos_lo <= s["positive_window_value_access_share"] <= pos_hi
-        for q, v in ws["value_per_byte_quantiles"].items():
-            assert s["value_per_byte_quantiles"][q] == pytest.approx(v, rel=1e-9, abs=eps), q
+        for q, v in ws["value_usd_per_byte_quantiles"].items():
+            assert s["value_usd_per_byte_quantiles"][q] == pytest.approx(v, rel=1e-9, abs=eps), q
     else:
         assert s["negative_value_bytes_share"] is None
-        assert all(v is None for v in s["value_per_byte_quantiles"].values())
+        assert all(v is None for v in s["value_usd_per_byte_quantiles"].values())
 
 
 def _families_below_shared_root(tw, ct, res):
@@ -483,12 +483,12 @@ def test_free_storage_values_compute_alone(rows_b, horizon):
     rows, B = rows_b
     res = value_report(build_trace(rows, B), model=TOY, gpu=TOY_GPU, horizon_s=horizon, costs=StorageCosts())
     fr, pb = res.future, res.per_block
-    npt.assert_array_equal(fr.value_dollars, fr.gain_dollars)
-    assert (fr.value_dollars[fr.reuses == 0] == 0).all()
-    assert (pb.filter(~pl.col("reused"))["total_value_dollars"] == 0).all()
-    npt.assert_allclose(pb["clairvoyant_value_dollars"], pb["total_value_dollars"], rtol=1e-12)
+    npt.assert_array_equal(fr.value_usd, fr.gain_usd)
+    assert (fr.value_usd[fr.reuses == 0] == 0).all()
+    assert (pb.filter(~pl.col("reused"))["total_value_usd"] == 0).all()
+    npt.assert_allclose(pb["clairvoyant_value_usd"], pb["total_value_usd"], rtol=1e-12)
     s = res.summary
-    assert s["write_cost_dollars"] == s["read_cost_dollars"] == s["occupancy_cost_dollars"] == 0
+    assert s["write_cost_usd"] == s["read_cost_usd"] == s["occupancy_cost_usd"] == 0
     assert s["negative_value_bytes_share"] in (None, 0.0)
 
 
@@ -504,10 +504,10 @@ def test_one_shot_long_prompt_is_never_reused_share():
     assert s["no_reuse_in_horizon_access_share"] == pytest.approx(91 / 99)  # + the hot block's last access
     # the one-shot family costs its writes; the hot block's family is the most valuable
     top = res.per_prefix.row(0, named=True)
-    assert top["root_hash"] == 1 and top["total_value_dollars"] > 0
+    assert top["root_hash"] == 1 and top["total_value_usd"] > 0
     last = res.per_prefix.row(1, named=True)
     assert last["root_hash"] == 100 and last["blocks"] == 90 and last["never_reused_bytes"] == last["bytes"]
-    assert last["total_value_dollars"] == pytest.approx(-90 * 64 * 0.5)  # writes only: H = inf holds nothing
+    assert last["total_value_usd"] == pytest.approx(-90 * 64 * 0.5)  # writes only: H = inf holds nothing
 
 
 # ------------------------------------------------------------------ edges and plumbing
@@ -519,8 +519,8 @@ def test_trace_without_accesses():
     assert res.per_block.height == 0 and res.per_prefix.height == 0
     assert res.per_block.schema["hash"] == pl.UInt64 and res.per_prefix.schema["root_hash"] == pl.UInt64
     s = res.summary
-    assert s["accesses"] == 0 and s["never_reused_bytes_share"] is None and s["total_value_dollars"] == 0
-    assert all(v is None for v in s["value_per_byte_quantiles"].values())
+    assert s["accesses"] == 0 and s["never_reused_bytes_share"] is None and s["total_value_usd"] == 0
+    assert all(v is None for v in s["value_usd_per_byte_quantiles"].values())
 
 
 def test_one_access():
@@ -529,8 +529,8 @@ def test_one_access():
     fr = res.future
     assert fr.next_t.tolist() == [-1] and fr.next_gap_s.tolist() == [INF] and fr.reuses.tolist() == [0]
     # 3 tokens occupy 12 bytes: write 6, held 2 s at 0.1 $/B/s
-    assert fr.value_dollars.tolist() == pytest.approx([-(6 + 2.4)])
-    assert res.summary["never_reused_bytes_share"] == 1.0 and res.summary["clairvoyant_bound_dollars"] == 0
+    assert fr.value_usd.tolist() == pytest.approx([-(6 + 2.4)])
+    assert res.summary["never_reused_bytes_share"] == 1.0 and res.summary["clairvoyant_bound_usd"] == 0
 
 
 def test_parse_horizon():
@@ -560,7 +560,7 @@ def test_costs_validation_and_units():
 def test_future_argument_checks():
     tr = build_trace(HAND_ROWS, 4)
     fr = future_reuse(tr, model=TOY, gpu=TOY_GPU, horizon_s=5.0, costs=HAND_COSTS)
-    assert value_report(tr, future=fr).summary["total_value_dollars"] == pytest.approx(48.8)
+    assert value_report(tr, future=fr).summary["total_value_usd"] == pytest.approx(48.8)
     with pytest.raises(UsageError):
         value_report(tr, future=fr, horizon_s=5.0)
     with pytest.raises(UsageError):
@@ -580,7 +580,7 @@ def test_outputs_round_trip(hand, tmp_path):
         write_table(df, tmp_path / f"{name}.json", metadata=hand.summary)
         rows = json.loads((tmp_path / f"{name}.json").read_text())["rows"]
         assert len(rows) == df.height
-    assert hand.future.table().columns[:3] == ["t", "block", "timestamp_s"]
+    assert hand.future.table().columns[:3] == ["t", "block", "timestamp"]
     inf = value_report(build_trace(HAND_ROWS, 4), model=TOY, gpu=TOY_GPU, horizon_s=INF, costs=HAND_COSTS)
     write_json_atomic(tmp_path / "value.json", inf.to_dict())
     got = json.loads((tmp_path / "value.json").read_text())

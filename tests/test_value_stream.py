@@ -38,9 +38,9 @@ from kvtrace.value import DEFAULT_COSTS, StorageCosts, future_reuse, value_repor
 from kvtrace.value_stream import StreamedFutureReuse, streamed_values
 
 INF = math.inf
-FIELDS = ("block", "timestamp_s", "next_t", "next_gap_s", "reuses", "last_reuse_t", "hold_s", "reuse_tokens", "bytes",
-          "gain_gpu_seconds", "gain_dollars", "cost_dollars", "value_dollars", "interval_gain_gpu_seconds",
-          "interval_value_dollars", "starts_stay")
+FIELDS = ("block", "timestamp", "next_t", "next_gap_s", "reuses", "last_reuse_t", "hold_s", "reuse_tokens", "bytes",
+          "gain_gpu_seconds", "gain_usd", "cost_usd", "value_usd", "interval_gain_gpu_seconds",
+          "interval_value_usd", "starts_stay")
 COSTS = [DEFAULT_COSTS, StorageCosts(write_dollars_per_byte=3e-9, read_dollars_per_byte=1e-10,
                                      occupancy_dollars_per_byte_second=2e-12)]
 TOY = ModelSpec(name="toy", attention="mha", layers=1, q_heads=1, kv_heads=1, head_dim=1, active_params=1)
@@ -118,7 +118,7 @@ def check_trace(mem, st, horizon, costs, model=None, gpu=None):
     assert_same_future(expected.future, got.future)
     path = streamed_values(st, model=model, gpu=gpu, horizon_s=horizon, costs=costs)
     assert path.parent == st.spill
-    assert_array_equal(np.fromfile(path, dtype=np.float64), expected.future.value_dollars, strict=True)
+    assert_array_equal(np.fromfile(path, dtype=np.float64), expected.future.value_usd, strict=True)
 
 
 # ------------------------------------------------------------------ ordered sums
@@ -354,4 +354,4 @@ def test_streamed_kernels_without_the_jit(tmp_path):
     expected = value_report(load_trace(path, block_tokens=16), horizon_s=3.0)
     assert got["summary"] == json.loads(json.dumps(expected.summary))
     assert got["blocks"] == expected.per_block.to_dicts()
-    assert got["values"] == expected.future.value_dollars.tolist()
+    assert got["values"] == expected.future.value_usd.tolist()

@@ -84,7 +84,7 @@ def test_each_policy_streamed_equals_in_memory(loaded, streamed, policy, evictio
     got = simulate(streamed, cfg, eviction=eviction, warmup="0.1", model="Llama-3.1-8B")
     assert_same_result(got, want)
     if policy == "all":  # the capacities make both tiers matter
-        assert 0 < want.summary["h_dram_token"] and 0 < want.summary["h_flash_token"]
+        assert 0 < want.summary["dram_prefix_token_hit_rate"] and 0 < want.summary["flash_prefix_token_hit_rate"]
 
 
 @pytest.mark.parametrize("routing", ["session", "prefix", "round-robin"])
@@ -106,7 +106,7 @@ def test_value_policy_reads_values_from_a_spill_file(loaded, streamed):
     got = simulate(streamed, cfg, values=path, model="Llama-3.1-8B")
     want = simulate(loaded, cfg, values=values, model="Llama-3.1-8B")
     assert_same_result(got, want)
-    assert got.summary["value_bound_dollars"] > 0
+    assert got.summary["value_bound_usd"] > 0
     with pytest.raises(Exception, match="float64 values"):
         simulate(streamed, cfg, values=values[:-1].tofile(path) or path, model="Llama-3.1-8B")
 

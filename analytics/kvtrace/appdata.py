@@ -39,6 +39,7 @@ import polars as pl
 
 from .curves import GROUPINGS, KNEE_METRICS, CurveResult
 from .errors import KvtraceError
+from .names import label
 from .trace import Trace
 from .units import format_bytes, parse_size
 
@@ -527,13 +528,9 @@ def reuse_time_histogram(trace: Trace) -> pl.DataFrame:
 
 # --------------------------------------------------------------------------- curves
 
-#: Metric choices of the Curves page: label -> curve-table column.
-CURVE_METRICS = {
-    "usable-prefix tokens": "prefix_token_hit_rate",
-    "requests": "request_hit_rate",
-    "bytes": "prefix_byte_hit_rate",
-    "compute saved": "compute_saved_rate",
-}
+#: Metric choices of the Curves page: label (:data:`kvtrace.names.LABELS`) -> curve-table column.
+CURVE_METRICS = {label(m): m for m in ("prefix_token_hit_rate", "request_hit_rate", "request_half_prefix_hit_rate",
+                                       "prefix_byte_hit_rate", "compute_saved_rate")}
 #: Above this many block accesses the Curves page proposes SHARDS sampling.
 LARGE_TRACE_ACCESSES = 5_000_000
 
@@ -556,7 +553,7 @@ def curve_lines(result: CurveResult, metric: str) -> pl.DataFrame:
         headline rate; null otherwise). Capacity 0 is dropped (log axis).
     """
     se_col = f"{metric}_se"
-    base = result.curve.with_columns(pl.lit("all").alias("group"))
+    base = result.curve.with_columns(pl.lit("all").alias("group_name"))
     frames = [base]
     if result.by_group is not None:
         frames.append(result.by_group)
@@ -564,7 +561,7 @@ def curve_lines(result: CurveResult, metric: str) -> pl.DataFrame:
     for df in frames:
         se = pl.col(se_col) if se_col in df.columns else pl.lit(None, dtype=pl.Float64)
         out.append(df.select(
-            pl.col("group").cast(pl.String),
+            pl.col("group_name").cast(pl.String),
             pl.col("capacity_bytes").cast(pl.Int64),
             (pl.col("capacity_bytes").cast(pl.Float64) / 2**30).alias("capacity_gib"),
             pl.col(metric).cast(pl.Float64).alias("rate"),
@@ -613,28 +610,22 @@ def tier_marks(dram_bytes: int, flash_bytes: int) -> dict[str, int]:
 #: Admission policies offered by the What-ifs page (any ``--policy`` spelling works).
 WHATIF_POLICIES = ("all", "second-hit", "tinylfu", "reuse-oracle", "prob:0.3", "idle<60s", "value>=0", "none")
 #: Percentile columns of a what-if table and their labels.
-LATENCY_COLUMNS = {"service_time_p50_s": "p50", "service_time_p90_s": "p90", "service_time_p99_s": "p99",
-                   "service_time_p999_s": "p99.9"}
+LATENCY_COLUMNS = {"service_time_p50_ms": "p50", "service_time_p90_ms": "p90", "service_time_p99_ms": "p99",
+                   "service_time_p999_ms": "p99.9"}
 
 
 def latency_table(table: pl.DataFrame) -> pl.DataFrame:
     """Reusable-prefix service-time percentiles of a what-if table, long format.
 
     Columns ``config`` str · ``percentile`` str (p50, p90, p99, p99.9) · ``ms``
-    float64 (the table's ``service_time_*_s`` x 1000).
+    float64 (the table's ``service_time_*_ms``).
     """
     cols = [c for c in LATENCY_COLUMNS if c in table.columns]
     return (
         table.select(pl.col("config").cast(pl.String), *cols)
-        .unpivot(index="config", variable_name="percentile", value_name="s")
-        .with_columns(pl.col("percentile").replace_strict(LATENCY_COLUMNS), (pl.col("s") * 1e3).alias("ms"))
-        .drop("s")
+        .unpivot(index="config", variable_name="percentile", value_name="ms")
+        .with_columns(pl.col("percentile").replace_strict(LATENCY_COLUMNS))
     )
-
-
-def flash_share(table: pl.DataFrame) -> pl.Series:
-    """Usable-prefix token share served from local SSD or shared flash, per row."""
-    return (table["h_flash_token"].fill_null(0.0) + table["h_local_token"].fill_null(0.0)).alias("h_flash_token")
 
 
 # --------------------------------------------------------------------------- sizing
@@ -770,8 +761,9 @@ def sizing_config_from_toml(name: str, data: bytes):
 def sizing_table(result, lens: str) -> pl.DataFrame:
     """One lens of :attr:`SizingResult.candidates`, ranked, with the columns the
     dashboard shows (the library's values, unformatted)."""
-    cols = ["rank", "candidate", "config", "policy", "h_dram", "h_flash", "mean_ms", "p99_ms", "monthly_cost_usd",
-            "net_monthly_usd", "break_even_realisation", "feasible", "reasons"]
+    cols = ["rank", "candidate", "config", "policy", "dram_prefix_token_hit_rate", "ssd_prefix_token_hit_rate",
+            "service_time_mean_ms", "service_time_p99_ms", "cost_usd_per_month",
+            "net_usd_per_month", "break_even_realisation", "feasible", "reasons"]
     c = result.candidates
     return c.filter(pl.col("lens") == lens).sort("rank").select([x for x in cols if x in c.columns])
 

@@ -17,15 +17,12 @@ import polars as pl
 
 from .errors import UsageError
 from .outputs import atomic_path
+from .names import label
 from .units import format_bytes
 
-#: Rate columns :func:`curve_chart` draws, named as in ``kvtrace curve``'s table.
-CURVE_METRICS = {
-    "prefix_token_hit_rate": "prefix tokens",
-    "request_hit_rate": "requests",
-    "token_hit_rate": "any-block tokens",
-    "compute_saved_rate": "compute saved",
-}
+#: Rate columns :func:`curve_chart` draws, under their labels (:data:`kvtrace.names.LABELS`).
+CURVE_METRICS = {m: label(m) for m in ("prefix_token_hit_rate", "request_hit_rate", "token_hit_rate",
+                                       "compute_saved_rate")}
 #: The rate a breakdown (``--by``), the knees and the ceiling are drawn for (the headline).
 HEADLINE = "prefix_token_hit_rate"
 PLOT_FORMATS = ("html", "png", "svg")
@@ -165,8 +162,8 @@ def curve_lines(result, metrics=tuple(CURVE_METRICS)) -> tuple[pl.DataFrame, str
     cols = ["capacity_bytes", *(["prefix_token_hit_rate_se"] if "prefix_token_hit_rate_se" in result.curve.columns
                                 else [])]
     if result.by_group is not None:
-        frames = [result.curve.with_columns(pl.lit("all").alias("group")), result.by_group]
-        lines = pl.concat([f.select(pl.col("group").cast(pl.String).alias("series"), "capacity_bytes",
+        frames = [result.curve.with_columns(pl.lit("all").alias("group_name")), result.by_group]
+        lines = pl.concat([f.select(pl.col("group_name").cast(pl.String).alias("series"), "capacity_bytes",
                                     pl.col(HEADLINE).cast(pl.Float64).alias("rate")) for f in frames])
         return lines, f"{CURVE_METRICS[HEADLINE]}, by {result.info.get('by', 'group')}"
     long = (result.curve.select([*cols, *metrics])
@@ -258,7 +255,7 @@ def frontier_chart(table) -> alt.LayerChart:
     Pareto frontier: the configurations no other one beats on both (fewer bytes
     written per day and a share at least as high)."""
     df = table.with_columns(
-        (pl.col("h_flash_token").fill_null(0.0) + pl.col("h_local_token").fill_null(0.0)).alias("flash_share"),
+        (pl.col("flash_prefix_token_hit_rate").fill_null(0.0) + pl.col("local_prefix_token_hit_rate").fill_null(0.0)).alias("flash_share"),
         (pl.col("flash_write_bytes_per_day").fill_null(0.0) + pl.col("local_write_bytes_per_day").fill_null(0.0))
         .alias("writes"),
         (pl.col("flash_bytes").fill_null(0) + pl.col("local_ssd_bytes").fill_null(0)).alias("flash_total"),
@@ -272,7 +269,7 @@ def frontier_chart(table) -> alt.LayerChart:
     ).sort("flash_total", "dram_bytes")
     df = df.with_columns(pl.Series("pareto", pareto_front(df["writes"].to_list(), df["flash_share"].to_list()),
                                    dtype=pl.Boolean)).select(
-        "config", "policy", "flash", "DRAM", "flash_share", "writes_per_day", "hit_rate_compute", "pareto",
+        "config", "policy", "flash", "DRAM", "flash_share", "writes_per_day", "compute_saved_rate", "pareto",
         "flash_total", "dram_bytes")
     flash_order = df["flash"].unique(maintain_order=True).to_list()
     dram_order = df.sort("dram_bytes")["DRAM"].unique(maintain_order=True).to_list()
@@ -281,7 +278,7 @@ def frontier_chart(table) -> alt.LayerChart:
               axis=alt.Axis(format="%"))
     tooltip = ["config:N", alt.Tooltip("flash_share:Q", format=".2%", title="flash share"),
                alt.Tooltip("writes_per_day:Q", format=",.3~g", title=f"{unit}/day"),
-               alt.Tooltip("hit_rate_compute:Q", format=".2%", title="compute saved"), "pareto:N"]
+               alt.Tooltip("compute_saved_rate:Q", format=".2%", title="compute saved"), "pareto:N"]
     front = df.filter(pl.col("pareto")).sort("writes_per_day").with_columns(
         pl.lit("Pareto frontier: no configuration writes less for as high a share").alias("what"))
     layers = [
@@ -368,21 +365,22 @@ def cost_slo_chart(result) -> alt.LayerChart:
     result : kvtrace.sizing.SizingResult
     """
     cfg = result.config
-    metric, target = ("p99_ms", cfg.slo_p99_ms) if cfg.slo_p99_ms is not None else ("mean_ms", cfg.slo_mean_ms)
-    label = "P99" if metric == "p99_ms" else "mean"
-    pts = result.search.select("candidate", "monthly_cost_usd", metric, "total_bytes", "within_limits").drop_nulls(
+    metric, target = ("service_time_p99_ms",
+                      cfg.slo_p99_ms) if cfg.slo_p99_ms is not None else ("service_time_mean_ms", cfg.slo_mean_ms)
+    label = "P99" if metric == "service_time_p99_ms" else "mean"
+    pts = result.search.select("candidate", "cost_usd_per_month", metric, "total_bytes", "within_limits").drop_nulls(
         metric).filter(pl.col(metric) > 0).with_columns(
         (pl.col("total_bytes").cast(pl.Float64) / 2**30).alias("total_gib"),
         pl.when(pl.col("within_limits")).then(pl.lit("yes")).otherwise(pl.lit("no")).alias("limits"))
-    front = pts.filter(pl.col("within_limits")).sort("monthly_cost_usd", metric)
+    front = pts.filter(pl.col("within_limits")).sort("cost_usd_per_month", metric)
     keep, best = [], float("inf")
-    for c, v in zip(front["monthly_cost_usd"], front[metric]):
+    for c, v in zip(front["cost_usd_per_month"], front[metric]):
         keep.append(v < best)
         best = min(best, v)
     front = front.filter(pl.Series(keep))
-    costs = [v for v in (*pts["monthly_cost_usd"].to_list(), *result.candidates["monthly_cost_usd"].to_list())
+    costs = [v for v in (*pts["cost_usd_per_month"].to_list(), *result.candidates["cost_usd_per_month"].to_list())
              if v is not None]
-    x = alt.X("monthly_cost_usd:Q", title="monthly cost of the configuration ($, symmetric log scale)",
+    x = alt.X("cost_usd_per_month:Q", title="monthly cost of the configuration ($, symmetric log scale)",
               scale=alt.Scale(type="symlog", constant=10),
               axis=alt.Axis(values=money_ticks(max(costs, default=0.0)), format="$,.0f", labelOverlap=True,
                             labelFlush=False))
@@ -393,23 +391,23 @@ def cost_slo_chart(result) -> alt.LayerChart:
                                       legend=alt.Legend(labelLimit=0)),
             shape=alt.Shape("limits:N", title="within bandwidth and endurance", sort=["yes", "no"],
                             scale=alt.Scale(domain=["yes", "no"], range=["circle", "triangle-down"])),
-            tooltip=["candidate:N", "monthly_cost_usd:Q", f"{metric}:Q", "total_gib:Q", "limits:N"]),
+            tooltip=["candidate:N", "cost_usd_per_month:Q", f"{metric}:Q", "total_gib:Q", "limits:N"]),
         alt.Chart(front).mark_line(interpolate="step-after", color="gray", strokeDash=[2, 2]).encode(x=x, y=y),
     ]
     if target is not None:
         layers.append(alt.Chart(pl.DataFrame({"target": [float(target)], "label": [f"SLO {label}"]}))
                       .mark_rule(color="firebrick", strokeDash=[6, 3]).encode(y="target:Q", tooltip=["label:N"]))
     conf = result.candidates.filter((pl.col("lens") == "same-slo") & pl.col("config").is_not_null()).select(
-        "candidate", "config", "policy", "monthly_cost_usd", metric, "feasible").filter(pl.col(metric) > 0)
+        "candidate", "config", "policy", "cost_usd_per_month", metric, "feasible").filter(pl.col(metric) > 0)
     layers.append(alt.Chart(conf).mark_point(size=140, filled=True, shape="diamond").encode(
         x=x, y=y, color=alt.Color("candidate:N"), stroke=alt.value("black"),
-        tooltip=["candidate:N", "config:N", "policy:N", "monthly_cost_usd:Q", f"{metric}:Q", "feasible:N"]))
+        tooltip=["candidate:N", "config:N", "policy:N", "cost_usd_per_month:Q", f"{metric}:Q", "feasible:N"]))
     rec = result.recommendation
     if rec.figures.get(metric):
-        star = pl.DataFrame({"monthly_cost_usd": [rec.figures["monthly_cost_usd"]], metric: [rec.figures[metric]],
+        star = pl.DataFrame({"cost_usd_per_month": [rec.figures["cost_usd_per_month"]], metric: [rec.figures[metric]],
                              "label": [f"recommended: {rec.candidate}"]})
         layers.append(alt.Chart(star).mark_point(shape="cross", size=400, color="black", strokeWidth=2).encode(
-            x=x, y=y, tooltip=["label:N", "monthly_cost_usd:Q", f"{metric}:Q"]))
+            x=x, y=y, tooltip=["label:N", "cost_usd_per_month:Q", f"{metric}:Q"]))
     if pts.height == 0 and conf.height == 0:
         layers.append(no_data_note(f"no configuration has a {label} reusable-prefix time above 0 ms to draw"))
     return alt.layer(*layers).properties(

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from . import __version__
+from . import __version__, names
 from .errors import KvtraceError, UsageError, _printable
 from .units import format_bytes, format_seconds, parse_sizes
 
@@ -722,8 +722,8 @@ def curve(
 
     table = result.curve
     if result.by_group is not None:
-        table = pl.concat([result.curve.insert_column(0, pl.lit("all").alias("group")), result.by_group],
-                          how="diagonal_relaxed")
+        table = pl.concat([result.curve.insert_column(0, pl.lit("all").alias("group_name")), result.by_group],
+                          how="diagonal_relaxed").insert_column(0, pl.lit(result.info["by"]).alias("group_by"))
     document = {**meta, "rows": table.to_dicts()} if json_out else None  # the rows of --out x.json, and the rest
     if json_out == "-":
         _write_json("-", document)
@@ -815,30 +815,30 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
         pts = lambda x: "-" if x is None else f"{100 * x:.2f}"  # noqa: E731  (None: too few sampled accesses)
         title += (f"\nAPPROXIMATE: SHARDS sample rate {info['sample_rate']:g}, est. standard error of the "
                   f"usable-prefix token rate: mean {pts(err['mean_standard_error'])} pts, "
-                  f"max {pts(err['max_standard_error'])} pts")
+                  f"max {pts(err['max_standard_error'])} pts; half-prefix requests: exact runs only")
     part = info.get("partitioned")
     if part:
         title += (f"\nPARTITIONED ESTIMATE: {part['partitions']} spatial partitions on Dask; error bound of the "
                   f"usable-prefix token rate (3-sigma capacity band, estimated): max {100 * part['max_error_bound']:.2f} "
-                  f"pts, mean {100 * part['mean_error_bound']:.2f} pts")
+                  f"pts, mean {100 * part['mean_error_bound']:.2f} pts; half-prefix requests: exact runs only")
     t = Table(title=title)
-    cols = [("capacity", "capacity_bytes"), ("requests", "request_hit_rate"),
-            ("prefix tokens", "prefix_token_hit_rate"), ("any-block tokens", "token_hit_rate"),
-            ("compute saved", "compute_saved_rate"), ("GPU-h saved /h", "gpu_seconds_saved_per_hour"),
-            ("$ saved /h", "dollars_saved_per_hour"), ("read BW", "read_bandwidth_bytes_per_s")]
-    for head, _ in cols:
+    cols = ("request_hit_rate", "request_half_prefix_hit_rate", "prefix_token_hit_rate", "token_hit_rate",
+            "compute_saved_rate", "gpu_seconds_saved_per_hour", "usd_saved_per_hour", "read_mean_bytes_per_s")
+    for head in ("capacity", *map(names.label, cols)):
         t.add_column(head, justify="right")
     for r in display.iter_rows(named=True):
         t.add_row(
-            format_bytes(r["capacity_bytes"]), _fmt_rate(r["request_hit_rate"]), _fmt_rate(r["prefix_token_hit_rate"]),
+            format_bytes(r["capacity_bytes"]), _fmt_rate(r["request_hit_rate"]),
+            _fmt_rate(r["request_half_prefix_hit_rate"]), _fmt_rate(r["prefix_token_hit_rate"]),
             _fmt_rate(r["token_hit_rate"]), _fmt_rate(r["compute_saved_rate"]),
-            "-" if r["gpu_seconds_saved_per_hour"] is None else f"{r['gpu_seconds_saved_per_hour'] / 3600:,.2f}",
-            "-" if r["dollars_saved_per_hour"] is None else f"${r['dollars_saved_per_hour']:,.2f}",
-            "-" if r["read_bandwidth_bytes_per_s"] is None else format_bytes(r["read_bandwidth_bytes_per_s"]) + "/s",
+            "-" if r["gpu_seconds_saved_per_hour"] is None else f"{r['gpu_seconds_saved_per_hour']:,.1f}",
+            "-" if r["usd_saved_per_hour"] is None else f"${r['usd_saved_per_hour']:,.2f}",
+            "-" if r["read_mean_bytes_per_s"] is None else format_bytes(r["read_mean_bytes_per_s"]) + "/s",
         )
     c = result.ceiling
     t.add_row(f"∞ ({format_bytes(c['capacity_bytes'])})", _fmt_rate(c["request_hit_rate"]),
-              _fmt_rate(c["prefix_token_hit_rate"]), _fmt_rate(c["token_hit_rate"]),
+              _fmt_rate(c["request_half_prefix_hit_rate"]), _fmt_rate(c["prefix_token_hit_rate"]),
+              _fmt_rate(c["token_hit_rate"]),
               _fmt_rate(c["compute_saved_rate"]), "", "", "", style="bold")
     console.print(t)
     k = Table(title="capacity needed to reach a share of the ceiling (knee)")
@@ -864,7 +864,9 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
                f"{min(100 * shared['share'], 99.99):.2f}% of the requests start")
         console.print(f"note: {who} with the same block (hash "
                       f"{shared['hash']}): the request hit rate is about that at every capacity that holds one block "
-                      "and says nothing about sizing; read the usable-prefix token rate (prefix tokens)",
+                      "and says nothing about sizing; read the usable-prefix token rate (prefix tokens) and the "
+                      "share of requests whose usable prefix covers at least half their prompt (half-prefix "
+                      "requests)",
                       markup=False, soft_wrap=True)
     console.print(f"[dim]{info['measured_accesses']:,} accesses measured"
                   f"{' after warm-up' if info['warmup'] else ''}, {info['distinct_blocks']:,} distinct blocks "
@@ -885,7 +887,7 @@ def _render_groups(result) -> None:
     for c in ("group", "requests", "prefix tokens", "compute saved", "ceiling (prefix tokens)"):
         t.add_column(c, justify="left" if c == "group" else "right")
     for r in gs.iter_rows(named=True):
-        t.add_row(r["group"], _fmt_rate(r["request_hit_rate"]), _fmt_rate(r["prefix_token_hit_rate"]),
+        t.add_row(r["group_name"], _fmt_rate(r["request_hit_rate"]), _fmt_rate(r["prefix_token_hit_rate"]),
                   _fmt_rate(r["compute_saved_rate"]), _fmt_rate(r["ceiling_prefix_token_hit_rate"]))
     console.print(t)
 
@@ -1008,17 +1010,17 @@ def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
         ("bytes never reused (one-shot)", f"{format_bytes(s['never_reused_bytes'])} "
                                           f"({_fmt_rate(s['never_reused_bytes_share'])})"),
         ("accesses with no reuse within the horizon", _fmt_rate(s["no_reuse_in_horizon_access_share"])),
-        ("compute a keep-for-the-horizon cache avoids", money(s["gain_dollars"])),
-        ("write + read + occupancy cost", money(s["write_cost_dollars"] + s["read_cost_dollars"]
-                                                + s["occupancy_cost_dollars"])),
-        ("net value of keeping for the horizon", money(s["total_value_dollars"])),
-        ("clairvoyant bound (best keep/drop per block)", money(s["clairvoyant_bound_dollars"])),
+        ("compute a keep-for-the-horizon cache avoids", money(s["gain_usd"])),
+        ("write + read + occupancy cost", money(s["write_cost_usd"] + s["read_cost_usd"]
+                                                + s["occupancy_cost_usd"])),
+        ("net value of keeping for the horizon", money(s["total_value_usd"])),
+        ("clairvoyant bound (best keep/drop per block)", money(s["clairvoyant_bound_usd"])),
         ("bytes in blocks of negative value", _fmt_rate(s["negative_value_bytes_share"])),
     ]
     for k, v in rows:
         t.add_row(k, v)
     console.print(t)
-    q = s.get("value_per_byte_quantiles") or {}
+    q = s.get("value_usd_per_byte_quantiles") or {}
     if q:
         qt = Table(title="value density, $ per TB kept (quantiles over bytes)")
         for k in q:
@@ -1031,9 +1033,9 @@ def _render_value(trace_path: Path, result, top: int, elapsed: float) -> None:
     for r in result.top_prefixes(top).iter_rows(named=True):
         shared = depth and r["root_hash"] == s["shared_root_hashes"][0]
         pt.add_row(f"{r['root_hash']} (shared root)" if shared else str(r["root_hash"]), f"{r['blocks']:,}", format_bytes(r["bytes"]), f"{r['accesses']:,}",
-                   format_bytes(r["never_reused_bytes"]), money(r["total_value_dollars"]),
-                   "-" if r["value_per_byte"] is None else f"{r['value_per_byte'] * 1e12:,.2f}",
-                   money(r["clairvoyant_value_dollars"]))
+                   format_bytes(r["never_reused_bytes"]), money(r["total_value_usd"]),
+                   "-" if r["value_usd_per_byte"] is None else f"{r['value_usd_per_byte'] * 1e12:,.2f}",
+                   money(r["clairvoyant_value_usd"]))
     console.print(pt)
     console.print(f"[dim]computed in {elapsed:.2f} s[/dim]")
 
@@ -1195,7 +1197,7 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
         if isinstance(trace, StreamedTrace):
             values = streamed_values(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon))
         else:
-            values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_dollars
+            values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_usd
     t0 = time.perf_counter()
     if engine == Engine.dask:  # one configuration per task; the table equals a one-process sweep
         from .distributed import dask_client
@@ -1241,7 +1243,7 @@ def _render_whatif(trace_path: Path, table, elapsed: float, n: int, how: str = "
              "peak", "promotions", "p50", "p99")
     for h in heads:
         t.add_column(h, justify="left" if h in ("config", "tiers") else "right")
-    ms = lambda x: "-" if x is None else f"{x * 1e3:,.1f} ms"  # noqa: E731
+    ms = lambda x: "-" if x is None else f"{x:,.1f} ms"  # noqa: E731
     bw = lambda x: format_bytes(x) + "/s"  # noqa: E731
     for r in table.iter_rows(named=True):
         # each row states its own configuration and only its own tiers' figures (local SSD, shared flash or both)
@@ -1253,17 +1255,17 @@ def _render_whatif(trace_path: Path, table, elapsed: float, n: int, how: str = "
                               f"shared flash {format_bytes(b)}" for k, b in tiers if b]) + (
             f" x {r['nodes']} nodes" if (r.get("nodes") or 1) > 1 else "")
         pre = {"local_ssd": "local", "flash": "flash"}
-        share = sum(r.get(f"h_{pre[k]}_token") or 0.0 for k in own)
+        share = sum(r.get(f"{pre[k]}_prefix_token_hit_rate") or 0.0 for k in own)
         writes = sum(r.get(f"{pre[k]}_write_bytes_per_day") or 0.0 for k in own)
         dwpd = [r.get(f"{pre[k]}_dwpd") for k in own]
         t.add_row(
-            str(r["config"]), label, _fmt_rate(r.get("h_dram_token")), _fmt_rate(share) if own else "-",
-            _fmt_rate(r.get("miss_token")), _fmt_rate(r.get("hit_rate_compute")),
+            str(r["config"]), label, _fmt_rate(r.get("dram_prefix_token_hit_rate")), _fmt_rate(share) if own else "-",
+            _fmt_rate(r.get("prefix_token_miss_rate")), _fmt_rate(r.get("compute_saved_rate")),
             format_bytes(writes) if own else "-",
             " / ".join("-" if d is None else f"{d:.2f}" for d in dwpd) if own else "-",
-            bw(sum(r.get(f"{pre[k]}_read_bytes_per_s_mean") or 0.0 for k in own)) if own else "-",
-            " / ".join(bw(r.get(f"{pre[k]}_read_bytes_per_s_peak") or 0.0) for k in own) if own else "-",
-            f"{r.get('promotions') or 0:,}", ms(r.get("service_time_p50_s")), ms(r.get("service_time_p99_s")),
+            bw(sum(r.get(f"{pre[k]}_read_mean_bytes_per_s") or 0.0 for k in own)) if own else "-",
+            " / ".join(bw(r.get(f"{pre[k]}_read_peak_bytes_per_s") or 0.0) for k in own) if own else "-",
+            f"{r.get('promotions') or 0:,}", ms(r.get("service_time_p50_ms")), ms(r.get("service_time_p99_ms")),
         )
     console.print(t)
     console.print(f"{n} configuration(s) in {elapsed:.2f} s" + (f", {how}" if how else ""), style="dim",
@@ -1319,7 +1321,8 @@ def estimate_latency(
     for h in ("option", "mean", "P50", "P90", "P99", "P99.9"):
         t.add_column(h, justify="left" if h == "option" else "right")
     for o in r.options:
-        t.add_row(o["option"], ms(o["mean_ms"]), ms(o["p50_ms"]), ms(o["p90_ms"]), ms(o["p99_ms"]), ms(o["p99.9_ms"]))
+        t.add_row(o["option"], ms(o["service_time_mean_ms"]), ms(o["service_time_p50_ms"]),
+                  ms(o["service_time_p90_ms"]), ms(o["service_time_p99_ms"]), ms(o["service_time_p999_ms"]))
     console.print(t)
     b = Table(title="branches (each a point mass at its time)")
     for h in ("option", "branch", "share", "time"):
@@ -1327,7 +1330,7 @@ def estimate_latency(
     for row in r.branches:
         b.add_row(row["option"], row["branch"], f"{row['share']:.4g}", ms(row["time_ms"]))
     console.print(b)
-    be = "none (h_F = 0)" if r.h_flash == 0 else ms(r.break_even_flash_ms)
+    be = "none (h_F = 0)" if r.h_flash == 0 else ms(r.break_even_restore_ms)
     console.print(f"break-even flash latency: F < {be}; F = {flash_ms:g} ms "
                   f"{'pays off' if r.flash_pays_off else 'does not pay off'} on average", markup=False)
     _print_explain(r.explain)
@@ -1370,9 +1373,9 @@ def estimate_cost(
     _check_paths({}, None, json_out)
     common = dict(amortisation_months=months, dollars_per_kwh=kwh_price, hours_per_month=hours_per_month)
     current = None if hardware is None else monthly_cost(
-        hardware, support_monthly_usd=support, kw=kw, reserve_monthly_usd=reserve, label="current", **common)
+        hardware, support_usd_per_month=support, kw=kw, reserve_usd_per_month=reserve, label="current", **common)
     proposed = None if new_hardware is None else monthly_cost(
-        new_hardware, support_monthly_usd=new_support, kw=new_kw, reserve_monthly_usd=new_reserve, label="proposed",
+        new_hardware, support_usd_per_month=new_support, kw=new_kw, reserve_usd_per_month=new_reserve, label="proposed",
         **common)
     if incremental is not None and proposed is not None:
         raise UsageError("give --incremental or --new-hardware, not both", field="incremental")
@@ -1385,7 +1388,7 @@ def estimate_cost(
             raise UsageError("the value side needs --gpu-price ($ per GPU-hour)", field="gpu-price")
         if incremental is not None:
             result = cost_benefit(dollars_per_gpu_hour=gpu_price, realisation=realisation,
-                                  incremental_monthly_usd=incremental, gpu_hours=gpu_hours,
+                                  incremental_cost_usd_per_month=incremental, gpu_hours=gpu_hours,
                                   requests_per_month=requests, share=share, gpu_seconds_avoided=gpu_seconds,
                                   gpu_seconds_restore=restore_gpu_seconds)
         else:
@@ -1395,7 +1398,7 @@ def estimate_cost(
     payload = {"current": current.to_dict() if current else None, "proposed": proposed.to_dict() if proposed else None,
                "benefit": result.to_dict() if result else None}
     if result is None and incremental is None and proposed is not None:
-        payload["incremental_monthly_usd"] = proposed.monthly_usd - (current.monthly_usd if current else 0.0)
+        payload["incremental_cost_usd_per_month"] = proposed.cost_usd_per_month - (current.cost_usd_per_month if current else 0.0)
     if json_out == "-":
         _write_json("-", payload)
         return
@@ -1404,20 +1407,20 @@ def estimate_cost(
     t.add_column("value", justify="right")
     for c in (current, proposed):
         if c is not None:
-            t.add_row(f"{c.label}: monthly cost", _money(c.monthly_usd))
+            t.add_row(f"{c.label}: monthly cost", _money(c.cost_usd_per_month))
     if result is not None:
-        inc = result.incremental_monthly_usd
+        inc = result.incremental_cost_usd_per_month
         t.add_row("incremental cost", ("+" if inc >= 0 else "") + _money(inc))
-        t.add_row("GPU-hours freed per month", f"{result.gpu_hours_freed:,.6g}")
-        t.add_row("value per month", _money(result.value_monthly_usd))
-        t.add_row(f"realised at {100 * result.realisation:g} %", _money(result.realised_monthly_usd))
-        t.add_row("net per month", _money(result.net_monthly_usd))
+        t.add_row("GPU-hours freed per month", f"{result.gpu_hours_saved_per_month:,.6g}")
+        t.add_row("value per month", _money(result.value_usd_per_month))
+        t.add_row(f"realised at {100 * result.realisation:g} %", _money(result.realised_value_usd_per_month))
+        t.add_row("net per month", _money(result.net_usd_per_month))
         be = result.break_even_realisation
         t.add_row("break-even realisation", "-" if be is None else f"{100 * be:.1f} %")
         lines = (current.explain if incremental is not None and current is not None else []) + result.explain
     else:
-        if "incremental_monthly_usd" in payload:
-            inc = payload["incremental_monthly_usd"]
+        if "incremental_cost_usd_per_month" in payload:
+            inc = payload["incremental_cost_usd_per_month"]
             t.add_row("incremental cost", ("+" if inc >= 0 else "") + _money(inc))
         lines = [line for c in (current, proposed) if c is not None for line in c.explain]
     console.print(t)
@@ -1546,14 +1549,15 @@ def _render_size(trace_path: Path, result) -> None:
     console.print(rec.headline, style="bold", markup=False, soft_wrap=True)
     for lens in LENSES:
         t = Table(title=f"{trace_path.name}: {titles[lens]}")
-        for h in ("#", "candidate", "configuration", "admission", "DRAM", "flash", "mean", "P99", "$/month", "net/month",
+        for h in ("#", "candidate", "configuration", "admission", "DRAM", "SSD/flash", "mean", "P99", "$/month", "net/month",
                   "break-even", "DWPD", "ok", "short by"):
             t.add_column(h, justify="left" if h in ("candidate", "configuration", "admission") else "right")
         for r in result.candidates.filter(result.candidates["lens"] == lens).sort("rank").iter_rows(named=True):
             t.add_row(str(r["rank"]), CANDIDATE_TEXT[r["candidate"]], r["config"] or "-", r["policy"] or "-",
-                      _fmt_rate(r["h_dram"]), _fmt_rate(r["h_flash"]), ms(r["mean_ms"]), ms(r["p99_ms"]),
-                      _money(r["monthly_cost_usd"]), signed(r["net_monthly_usd"]),
-                      _fmt_rate(r["break_even_realisation"]), "-" if r["dwpd"] is None else f"{r['dwpd']:,.2f}",
+                      _fmt_rate(r["dram_prefix_token_hit_rate"]), _fmt_rate(r["ssd_prefix_token_hit_rate"]),
+                      ms(r["service_time_mean_ms"]), ms(r["service_time_p99_ms"]),
+                      _money(r["cost_usd_per_month"]), signed(r["net_usd_per_month"]),
+                      _fmt_rate(r["break_even_realisation"]), "-" if r["ssd_dwpd"] is None else f"{r['ssd_dwpd']:,.2f}",
                       "yes" if r["feasible"] else "no", r["shortfalls"] or "", style=None if r["feasible"] else "dim")
         console.print(t)
     if rec.needed:

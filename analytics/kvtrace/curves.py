@@ -12,6 +12,8 @@ capacity_bytes                    cache capacity, bytes (= capacity_tokens x kv_
 capacity_tokens                   capacity in tokens of KV cache
 capacity_blocks                   capacity in full blocks (capacity_tokens / block_tokens)
 request_hit_rate                  share of requests whose usable prefix is >= 1 block
+request_half_prefix_hit_rate      share of requests whose usable prefix holds >= half their
+                                  prompt tokens (exact runs; null when sampled or partitioned)
 prefix_token_hit_rate             usable-prefix tokens / all prompt tokens (headline)
 prefix_byte_hit_rate              usable-prefix block bytes / all block bytes accessed
 prefix_block_hit_rate             usable-prefix blocks / all block accesses
@@ -20,8 +22,8 @@ token_hit_rate                    tokens of any-block hits / prompt tokens
 byte_hit_rate                     block bytes of any-block hits / block bytes accessed
 compute_saved_rate                prefill FLOPs of usable-prefix tokens / all prefill FLOPs
 gpu_seconds_saved_per_hour        GPU-seconds of prefill avoided per hour of trace
-dollars_saved_per_hour            the same in $ (GPU $/h)
-read_bandwidth_bytes_per_s        mean bytes/s read from the cache to serve the hits
+usd_saved_per_hour            the same in $ (GPU $/h)
+read_mean_bytes_per_s        mean bytes/s read from the cache to serve the hits
 ================================  ==========================================================
 
 "Prompt tokens" are the tokens covered by block hashes. Byte rates weight a block by
@@ -50,6 +52,7 @@ from .units import parse_duration
 HEADLINE = "prefix_token_hit_rate"
 RATE_COLUMNS = (
     "request_hit_rate",
+    "request_half_prefix_hit_rate",
     "prefix_token_hit_rate",
     "prefix_byte_hit_rate",
     "prefix_block_hit_rate",
@@ -58,7 +61,7 @@ RATE_COLUMNS = (
     "byte_hit_rate",
     "compute_saved_rate",
 )
-VALUE_COLUMNS = ("gpu_seconds_saved_per_hour", "dollars_saved_per_hour", "read_bandwidth_bytes_per_s")
+VALUE_COLUMNS = ("gpu_seconds_saved_per_hour", "usd_saved_per_hour", "read_mean_bytes_per_s")
 KNEE_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 0.99)
 KNEE_METRICS = ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate")
 GROUPINGS = ("type", "tenant", "turn", "session-length")
@@ -219,15 +222,42 @@ def _full_stream(trace: Trace) -> _Stream:
     return _Stream(a.block, trace.block_size, a.req_start, a.tokens, a.pos, a.request)
 
 
-def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray]:
-    """Usable-prefix key of each measured request's first block, and which requests
-    count: every measured request (an empty one never hits)."""
+def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Usable-prefix key of each measured request's first block, which requests count
+    (every measured request: an empty one never hits), and each request's half-prefix
+    key (:func:`half_prefix_keys`)."""
     rs = s.req_start
     nonempty = rs[1:] > rs[:-1]
     members = np.arange(rs.shape[0] - 1) >= first_req
     keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
     keys[nonempty] = d.usable[rs[:-1][nonempty]]
-    return keys, members
+    return keys, members, half_prefix_keys(d.usable, s.tokens, rs)
+
+
+def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarray) -> np.ndarray:
+    """int64[R]: the smallest capacity (tokens) at which each request's usable prefix
+    holds at least half its prompt tokens; COLD for an empty request or one that never
+    gets there.
+
+    ``usable`` is non-decreasing along a request (a running max), so at capacity C the
+    usable prefix is the blocks with ``usable <= C`` and reaches half the tokens iff the
+    block at which the request's cumulative tokens first reach ``ceil(total / 2)`` is in
+    it: the key is that block's usable distance (one ``searchsorted`` over the cumulative
+    tokens; every block has >= 1 token, so the sums are strictly increasing).
+    """
+    rs = np.asarray(req_start, dtype=np.int64)
+    keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
+    if usable.shape[0] == 0:
+        return keys
+    cum = np.cumsum(tokens, dtype=np.int64)
+    start, end = rs[:-1], rs[1:]
+    nonempty = end > start
+    st, en = start[nonempty], end[nonempty]
+    base = np.where(st > 0, cum[np.maximum(st - 1, 0)], 0)
+    total = cum[en - 1] - base
+    at = np.searchsorted(cum, base + (total + 1) // 2, side="left")
+    keys[nonempty] = usable[at]
+    return keys
 
 
 def _request_hist(keys, members, weights, req_group, n_groups, grid) -> np.ndarray:
@@ -241,8 +271,9 @@ def _request_hist(keys, members, weights, req_group, n_groups, grid) -> np.ndarr
     return flat.reshape(n_groups, G + 2).astype(np.float64)
 
 
-def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, a, b):
-    """Rate columns from hit sums (arrays over capacities)."""
+def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, half_hits, half_tot, a, b):
+    """Rate columns from hit sums (arrays over capacities); ``half_hits`` None: the
+    half-prefix request rate is not known (NaN)."""
 
     def div(x, y):
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -252,6 +283,8 @@ def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, a, b):
     flops_tot = a * pre_tot[..., 1] + b * pre_tot[..., 3]
     return {
         "request_hit_rate": div(req_hits, req_tot),
+        "request_half_prefix_hit_rate": (np.full(np.shape(div(req_hits, req_tot)), np.nan) if half_hits is None
+                                         else div(half_hits, half_tot)),
         "prefix_token_hit_rate": div(pre_hits[..., 1], pre_tot[..., 1]),
         "prefix_byte_hit_rate": div(pre_hits[..., 2], pre_tot[..., 2]),
         "prefix_block_hit_rate": div(pre_hits[..., 0], pre_tot[..., 0]),
@@ -282,31 +315,41 @@ def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b, passed=None) 
     kgrid = grid
     G = kgrid.shape[0]
     if passed is not None:  # binned chunk by chunk already (kvtrace.stream, kvtrace.distributed)
-        h, (rkeys, rmembers) = passed.hist, passed.request_keys
+        h, (rkeys, rmembers, *half) = passed.hist, passed.request_keys
+        hkeys = half[0] if half else None  # sampled and partitioned passes have no half-prefix keys
     else:
         group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
         h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
                         _NO_SCALE)
-        rkeys, rmembers = _request_keys(d, s, first_req)
+        rkeys, rmembers, hkeys = _request_keys(d, s, first_req)
     rweights = None if passed is None else passed.request_weights  # sampled: its first evaluated access's
     rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
+    hh = None if hkeys is None else _request_hist(hkeys, rmembers, rweights, req_group, n_groups, kgrid)
     any_h, pre_h = h[0], h[1]
     if req_group is not None:  # the last row is the whole trace
         any_h = np.concatenate([any_h, any_h.sum(axis=0, keepdims=True)])
         pre_h = np.concatenate([pre_h, pre_h.sum(axis=0, keepdims=True)])
         rh = np.concatenate([rh, rh.sum(axis=0, keepdims=True)])
+        hh = None if hh is None else np.concatenate([hh, hh.sum(axis=0, keepdims=True)])
     cum_any = np.cumsum(any_h[:, :G, :], axis=1)
     cum_pre = np.cumsum(pre_h[:, :G, :], axis=1)
     cum_req = np.cumsum(rh[:, :G], axis=1)
     any_tot, pre_tot, req_tot = any_h.sum(axis=1), pre_h.sum(axis=1), rh.sum(axis=1)
+
+    def half(part):  # (hits, totals) of the half-prefix request rate, or (None, None)
+        return (None, None) if hh is None else part(hh)
+
     rates, flops_hit = _rates(cum_any, any_tot[:, None, :], cum_pre, pre_tot[:, None, :],
-                              cum_req, req_tot[:, None], a, b)
+                              cum_req, req_tot[:, None],
+                              *half(lambda x: (np.cumsum(x[:, :G], axis=1), x.sum(axis=1)[:, None])), a, b)
     # ceiling: every finite key hits (bins 0..G)
     all_any, all_pre, all_req = any_h[-1], pre_h[-1], rh[-1]
     crates, _ = _rates(all_any[: G + 1].sum(axis=0), all_any.sum(axis=0), all_pre[: G + 1].sum(axis=0),
-                       all_pre.sum(axis=0), all_req[: G + 1].sum(), all_req.sum(), a, b)
+                       all_pre.sum(axis=0), all_req[: G + 1].sum(), all_req.sum(),
+                       *half(lambda x: (x[-1, : G + 1].sum(), x[-1].sum())), a, b)
     row_ceiling, _ = _rates(any_h[:, : G + 1].sum(axis=1), any_tot, pre_h[:, : G + 1].sum(axis=1), pre_tot,
-                            rh[:, : G + 1].sum(axis=1), req_tot, a, b)
+                            rh[:, : G + 1].sum(axis=1), req_tot,
+                            *half(lambda x: (x[:, : G + 1].sum(axis=1), x.sum(axis=1))), a, b)
     return _Evaluation(rates, flops_hit, cum_pre[..., 2], {k: float(v) for k, v in crates.items()}, row_ceiling,
                        all_pre, rkeys, rmembers, rweights)
 
@@ -422,8 +465,8 @@ def compute_curve(
             out[k] = ev_all.rates[k][gi]
         flops = ev_all.flops_hit[gi]  # sampled sums are already weighted up to the whole trace
         out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops) / hours if hours > 0 else nan
-        out["dollars_saved_per_hour"] = gpu.dollars(flops) / hours if hours > 0 else nan
-        out["read_bandwidth_bytes_per_s"] = (ev_all.prefix_bytes_hit[gi] * bpt / seconds
+        out["usd_saved_per_hour"] = gpu.dollars(flops) / hours if hours > 0 else nan
+        out["read_mean_bytes_per_s"] = (ev_all.prefix_bytes_hit[gi] * bpt / seconds
                                              if seconds > 0 else nan)
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
@@ -451,7 +494,7 @@ def compute_curve(
         "first_measured_request": first_req,
         "measured_requests": trace.n_requests - first_req,
         "measured_accesses": int(trace.n_accesses - trace.accesses.req_start[first_req]),
-        "measured_seconds": seconds,
+        "measured_duration_s": seconds,
         "distinct_blocks": trace.n_blocks,
         "distinct_bytes": total_tokens * bpt,
         "sample_rate": rate,
@@ -474,7 +517,7 @@ def compute_curve(
 
     by_group = None
     if by is not None:
-        parts = [select(table(gi), main_tokens, main_bytes).insert_column(0, pl.lit(name).alias("group"))
+        parts = [select(table(gi), main_tokens, main_bytes).insert_column(0, pl.lit(name).alias("group_name"))
                  for gi, name in enumerate(names)]
         by_group = pl.concat(parts)
         info["by"] = by
@@ -556,7 +599,7 @@ def _group_summary(d, stream, s_first, B, s_group, names, grid, a, b, ev_all, kn
     else:
         gi = max(int(np.searchsorted(grid, int(knee), side="right")) - 1, 0)
         at, exact, rates = int(grid[gi]), bool(grid[gi] == knee), {k: ev_all.rates[k][:n, gi] for k in RATE_COLUMNS}
-    out = {"group": names, "capacity_bytes": [None if at is None else at * bpt] * n,
+    out = {"group_name": names, "capacity_bytes": [None if at is None else at * bpt] * n,
            "at_knee": [exact] * n}
     for k in ("request_hit_rate", "prefix_token_hit_rate", "compute_saved_rate"):
         out[k] = rates[k]

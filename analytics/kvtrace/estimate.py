@@ -37,7 +37,7 @@ from .response import PERCENTILES, _quantile, branch_latency
 from .units import format_bytes, parse_size
 
 __all__ = ["BandwidthEstimate", "CostEstimate", "LatencyEstimate", "MonthlyCost", "bandwidth", "cost_benefit",
-           "gpu_hours_freed", "latency", "monthly_cost", "parse_rate", "HOURS_PER_MONTH"]
+           "gpu_hours_saved_per_month", "latency", "monthly_cost", "parse_rate", "HOURS_PER_MONTH"]
 
 #: Hours in a month of the cost model (seed §8).
 HOURS_PER_MONTH = 730.0
@@ -87,17 +87,17 @@ class LatencyEstimate:
     dram_ms, flash_ms, recompute_ms, overhead_ms : float
         Branch times D, F, R and the per-request overhead O of the flash tier.
     options : list of dict
-        One row per option: ``option``, ``mean_ms``, ``p50_ms``, ``p90_ms``,
-        ``p99_ms``, ``p99.9_ms``, ``formula``. Options: ``DRAM only``, ``DRAM + flash``,
+        One row per option: ``option``, ``service_time_mean_ms``, ``service_time_p50_ms``, ``service_time_p90_ms``,
+        ``service_time_p99_ms``, ``service_time_p999_ms``, ``formula``. Options: ``DRAM only``, ``DRAM + flash``,
         ``DRAM + flash, restore deadline`` (flash branch = min(F, R)) and
         ``DRAM for h_D + h_F`` (a DRAM big enough to hold what flash adds, no O).
     branches : list of dict
         ``option``, ``branch`` (DRAM / flash / recompute), ``share``, ``time_ms`` (the
         branch's time including O where the option pays it).
-    break_even_flash_ms : float
+    break_even_restore_ms : float
         Flash pays off on average iff ``F < R - O / h_F`` (``-inf`` when h_F = 0).
     flash_pays_off : bool
-        ``F < break_even_flash_ms``.
+        ``F < break_even_restore_ms``.
     explain : list of str
         One line per figure.
     """
@@ -110,7 +110,7 @@ class LatencyEstimate:
     overhead_ms: float
     options: list
     branches: list
-    break_even_flash_ms: float
+    break_even_restore_ms: float
     flash_pays_off: bool
     explain: list
 
@@ -128,7 +128,7 @@ class LatencyEstimate:
 def _tails(times_ms: list[float], shares: list[float]) -> dict:
     t, w = np.asarray(times_ms, dtype=np.float64), np.asarray(shares, dtype=np.float64)
     keep = w > 0
-    return {f"p{p:g}_ms": _quantile(t[keep], w[keep], p / 100) for p in PERCENTILES}
+    return {f"service_time_p{p:g}_ms".replace(".", ""): _quantile(t[keep], w[keep], p / 100) for p in PERCENTILES}
 
 
 def latency(h_dram: float, h_flash: float, dram_ms: float, flash_ms: float, recompute_ms: float,
@@ -178,25 +178,24 @@ def latency(h_dram: float, h_flash: float, dram_ms: float, flash_ms: float, reco
     options = []
     branches = []
     for name, mean, times, shares, formula in rows:
-        options.append({"option": name, "mean_ms": mean, **_tails(times, shares), "formula": formula})
+        options.append({"option": name, "service_time_mean_ms": mean, **_tails(times, shares), "formula": formula})
         labels = ["DRAM", "recompute"] if len(times) == 2 else ["DRAM", "flash", "recompute"]
         branches += [{"option": name, "branch": lab, "share": s, "time_ms": t}
                      for lab, s, t in zip(labels, shares, times)]
     be = b.break_even_flash_s / _MS
     only, tiered = options[0], options[1]
-    explain = [f"{o['option']}: {o['formula']} = {_ms(o['mean_ms'])}" for o in options]
+    explain = [f"{o['option']}: {o['formula']} = {_ms(o['service_time_mean_ms'])}" for o in options]
     if h_flash > 0:
         explain.append(f"break-even flash latency: flash pays off on average iff F < R - O / h_F = "
                        f"{R:g} - {O:g} / {h_flash:g} = {_ms(be)}; F = {F:g} ms "
                        f"{'pays off' if F < be else 'does not pay off'}")
     else:
         explain.append("break-even flash latency: none (h_F = 0: flash serves no request)")
-    explain.append(
-        f"P99 from the branch distribution: DRAM only {_ms(only['p99_ms'])}, DRAM + flash {_ms(tiered['p99_ms'])}"
-        f" (every tiered request pays O = {O:g} ms); a lower mean does not make a lower P99"
-        if tiered["p99_ms"] >= only["p99_ms"] and tiered["mean_ms"] < only["mean_ms"] else
-        f"P99 from the branch distribution: DRAM only {_ms(only['p99_ms'])}, DRAM + flash {_ms(tiered['p99_ms'])}"
-    )
+    p99_only, p99_tiered = only["service_time_p99_ms"], tiered["service_time_p99_ms"]
+    p99 = f"P99 from the branch distribution: DRAM only {_ms(p99_only)}, DRAM + flash {_ms(p99_tiered)}"
+    if p99_tiered >= p99_only and tiered["service_time_mean_ms"] < only["service_time_mean_ms"]:
+        p99 += f" (every tiered request pays O = {O:g} ms); a lower mean does not make a lower P99"
+    explain.append(p99)
     return LatencyEstimate(h_dram, h_flash, D, F, R, O, options, branches, be, bool(F < be), explain)
 
 
@@ -212,22 +211,22 @@ class MonthlyCost:
     label: str
     hardware_usd: float
     amortisation_months: float
-    support_monthly_usd: float
+    support_usd_per_month: float
     kw: float
     dollars_per_kwh: float
-    reserve_monthly_usd: float
+    reserve_usd_per_month: float
     hours_per_month: float
-    hardware_monthly_usd: float
-    power_monthly_usd: float
-    monthly_usd: float
+    hardware_usd_per_month: float
+    power_usd_per_month: float
+    cost_usd_per_month: float
     explain: list
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def monthly_cost(hardware_usd: float, *, amortisation_months: float = 36.0, support_monthly_usd: float = 0.0,
-                 kw: float = 0.0, dollars_per_kwh: float = 0.12, reserve_monthly_usd: float = 0.0,
+def monthly_cost(hardware_usd: float, *, amortisation_months: float = 36.0, support_usd_per_month: float = 0.0,
+                 kw: float = 0.0, dollars_per_kwh: float = 0.12, reserve_usd_per_month: float = 0.0,
                  hours_per_month: float = HOURS_PER_MONTH, label: str = "option") -> MonthlyCost:
     """Monthly cost of an option: straight-line amortisation with zero residual value.
 
@@ -237,13 +236,13 @@ def monthly_cost(hardware_usd: float, *, amortisation_months: float = 36.0, supp
         Hardware budget, $ (servers, media, DPUs, NICs, switch ports).
     amortisation_months : float
         Months of straight-line amortisation (> 0).
-    support_monthly_usd : float
+    support_usd_per_month : float
         Software support and maintenance, $ per month.
     kw : float
         Power drawn, kW (average, including the share of shared equipment).
     dollars_per_kwh : float
         Electricity price, $ per kWh.
-    reserve_monthly_usd : float
+    reserve_usd_per_month : float
         Replacement reserve for drives that wear out beyond the initial set, $ per
         month (the initial drives are in the hardware already: do not count them twice).
     hours_per_month : float
@@ -251,10 +250,10 @@ def monthly_cost(hardware_usd: float, *, amortisation_months: float = 36.0, supp
     """
     hw = _num(hardware_usd, "hardware")
     months = _num(amortisation_months, "months", open_lo=True)
-    support = _num(support_monthly_usd, "support")
+    support = _num(support_usd_per_month, "support")
     kw_ = _num(kw, "kw")
     price = _num(dollars_per_kwh, "kwh-price")
-    reserve = _num(reserve_monthly_usd, "reserve")
+    reserve = _num(reserve_usd_per_month, "reserve")
     hours = _num(hours_per_month, "hours-per-month", open_lo=True)
     hw_m = hw / months
     power = kw_ * hours * price
@@ -268,7 +267,7 @@ def monthly_cost(hardware_usd: float, *, amortisation_months: float = 36.0, supp
     return MonthlyCost(label, hw, months, support, kw_, price, reserve, hours, hw_m, power, total, explain)
 
 
-def gpu_hours_freed(requests_per_month: float, share: float, gpu_seconds_avoided: float,
+def gpu_hours_saved_per_month(requests_per_month: float, share: float, gpu_seconds_avoided: float,
                     gpu_seconds_restore: float = 0.0) -> float:
     """GPU-hours a tier frees per month: ``requests x share x (avoided - restore) / 3600``.
 
@@ -291,20 +290,20 @@ class CostEstimate:
     ----------
     current, proposed : MonthlyCost or None
         The two options, when given as cost breakdowns.
-    incremental_monthly_usd : float
+    incremental_cost_usd_per_month : float
         ``proposed - current`` (or the increment given directly).
-    gpu_hours_freed : float
+    gpu_hours_saved_per_month : float
         GPU-hours per month the proposal frees (negative: it needs more).
     dollars_per_gpu_hour : float
-    value_monthly_usd : float
-        ``gpu_hours_freed x $/GPU-hour``: the theoretical value.
+    value_usd_per_month : float
+        ``gpu_hours_saved_per_month x $/GPU-hour``: the theoretical value.
     realisation : float
         Share of freed GPU time that becomes money (cancelled spend or a deferred
         purchase); owned or reserved GPUs are not refunded for idling.
-    realised_monthly_usd : float
+    realised_value_usd_per_month : float
         ``realisation x value`` when the value is positive; a negative value (the
         proposal needs *more* GPU time) is charged in full.
-    net_monthly_usd : float
+    net_usd_per_month : float
         ``realised - incremental``.
     break_even_realisation : float or None
         ``incremental / value``: the realisation ratio at which the net is zero (None
@@ -315,17 +314,17 @@ class CostEstimate:
 
     current: MonthlyCost | None
     proposed: MonthlyCost | None
-    incremental_monthly_usd: float
+    incremental_cost_usd_per_month: float
     requests_per_month: float | None
     share: float | None
     gpu_seconds_avoided: float | None
     gpu_seconds_restore: float | None
-    gpu_hours_freed: float
+    gpu_hours_saved_per_month: float
     dollars_per_gpu_hour: float
-    value_monthly_usd: float
+    value_usd_per_month: float
     realisation: float
-    realised_monthly_usd: float
-    net_monthly_usd: float
+    realised_value_usd_per_month: float
+    net_usd_per_month: float
     break_even_realisation: float | None
     explain: list
 
@@ -356,7 +355,7 @@ def cost_benefit(
     *,
     dollars_per_gpu_hour: float,
     realisation: float,
-    incremental_monthly_usd: float | None = None,
+    incremental_cost_usd_per_month: float | None = None,
     current: MonthlyCost | None = None,
     proposed: MonthlyCost | None = None,
     gpu_hours: float | None = None,
@@ -367,7 +366,7 @@ def cost_benefit(
 ) -> CostEstimate:
     """Net monthly benefit of a proposal over the current option.
 
-    Give the increment either directly (``incremental_monthly_usd``) or as two
+    Give the increment either directly (``incremental_cost_usd_per_month``) or as two
     :class:`MonthlyCost` (``proposed - current``; ``current`` alone is the increment of
     building it from nothing). Give the GPU time either as ``gpu_hours`` per month or
     as ``requests_per_month x share x (gpu_seconds_avoided - gpu_seconds_restore)``.
@@ -382,18 +381,18 @@ def cost_benefit(
     price = _num(dollars_per_gpu_hour, "gpu-price")
     r = _num(realisation, "realisation", hi=1.0)
     explain: list[str] = []
-    if incremental_monthly_usd is not None:
+    if incremental_cost_usd_per_month is not None:
         if current is not None or proposed is not None:
             raise UsageError("give the increment directly or as two options, not both", field="incremental")
-        inc = _num(incremental_monthly_usd, "incremental", lo=None)
+        inc = _num(incremental_cost_usd_per_month, "incremental", lo=None)
         explain.append(f"incremental cost (given): {_usd(inc)}/month")
     elif proposed is not None:
-        base = current.monthly_usd if current is not None else 0.0
-        inc = proposed.monthly_usd - base
+        base = current.cost_usd_per_month if current is not None else 0.0
+        inc = proposed.cost_usd_per_month - base
         explain += (current.explain if current is not None else []) + proposed.explain
-        explain.append(f"incremental cost: {_usd(proposed.monthly_usd)} - {_usd(base)} = {_usd(inc)}/month")
+        explain.append(f"incremental cost: {_usd(proposed.cost_usd_per_month)} - {_usd(base)} = {_usd(inc)}/month")
     elif current is not None:
-        inc = current.monthly_usd
+        inc = current.cost_usd_per_month
         explain += current.explain
         explain.append(f"incremental cost (from nothing): {_usd(inc)}/month")
     else:
@@ -407,7 +406,7 @@ def cost_benefit(
     else:
         if requests_per_month is None or share is None or gpu_seconds_avoided is None:
             raise UsageError("give --gpu-hours, or --requests, --share and --gpu-seconds", field="gpu-hours")
-        hours = gpu_hours_freed(requests_per_month, share, gpu_seconds_avoided, gpu_seconds_restore)
+        hours = gpu_hours_saved_per_month(requests_per_month, share, gpu_seconds_avoided, gpu_seconds_restore)
         explain.append(
             f"GPU-hours freed: {_n(requests_per_month)} requests x {share:g} x ({gpu_seconds_avoided:g} - "
             f"{gpu_seconds_restore:g}) GPU-s / 3600 = {_n(hours)} GPU-h/month")

@@ -31,10 +31,11 @@ import numpy as np
 import polars as pl
 
 from . import __version__
-from .curves import GROUPINGS, RATE_COLUMNS, compute_curve
+from .curves import GROUPINGS, RATE_COLUMNS, compute_curve, half_prefix_keys
 from .distances import COLD, distances_table, normalise_eviction, reuse_distances
 from .errors import KvtraceError, UsageError
 from .model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
+from .names import CURVE_COLUMNS, canonical_table
 from .outputs import atomic_path
 from .trace import Trace
 from .value import StorageCosts, parse_horizon, value_report
@@ -45,22 +46,8 @@ __all__ = ["ExportResult", "TABLES", "build_database", "example_files", "export_
 #: Files of ``sql/`` installed in every database, in order (macros first: views use them).
 SQL_FILES = ("macros.sql", "views.sql")
 
-_CURVE_COLUMNS = {
-    "capacity_bytes": "cache capacity, bytes",
-    "capacity_tokens": "capacity in tokens of KV cache (capacity_bytes // kv_bytes_per_token)",
-    "capacity_blocks": "capacity in full blocks (capacity_tokens / block_tokens)",
-    "request_hit_rate": "share of measured requests whose usable prefix is >= 1 block",
-    "prefix_token_hit_rate": "usable-prefix tokens / prompt tokens (the headline)",
-    "prefix_byte_hit_rate": "usable-prefix block bytes / block bytes accessed",
-    "prefix_block_hit_rate": "usable-prefix blocks / block accesses",
-    "block_hit_rate": "any-block hits / block accesses",
-    "token_hit_rate": "tokens of any-block hits / prompt tokens",
-    "byte_hit_rate": "block bytes of any-block hits / block bytes accessed",
-    "compute_saved_rate": "prefill FLOPs of usable-prefix tokens / all prefill FLOPs",
-    "gpu_seconds_saved_per_hour": "GPU-seconds of prefill avoided per hour of trace",
-    "dollars_saved_per_hour": "the same in $ per hour of trace",
-    "read_bandwidth_bytes_per_s": "mean bytes/s read from the cache to serve the hits",
-}
+#: The curve's columns, described with their units (:data:`kvtrace.names.CURVE_COLUMNS`).
+_CURVE_COLUMNS = {k: f"{meaning} ({unit})" for k, (unit, meaning) in CURVE_COLUMNS.items()}
 
 #: Every table of an exported database: (description, {column: description with unit}).
 TABLES: dict[str, tuple[str, dict[str, str]]] = {
@@ -90,7 +77,7 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "duration_s": "seconds from the first to the last arrival",
         "measured_requests": "requests counted in rates (after warm-up)",
         "measured_accesses": "accesses counted in rates (after warm-up)",
-        "measured_seconds": "seconds from the first measured arrival to the last",
+        "measured_duration_s": "seconds from the first measured arrival to the last",
         "horizon_s": "horizon of the future-reuse value, seconds (inf: unbounded)",
         "write_dollars_per_tb": "value cost of writing a block, $ per TB (10^12 bytes)",
         "read_dollars_per_tb": "value cost of reading a block back, $ per TB",
@@ -116,6 +103,10 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
                                "prefix >= 1 block) at capacity C iff this x kv_bytes_per_token <= C; inf: cold "
                                "or no blocks",
         "hit_distance_bytes": "the same in bytes",
+        "half_prefix_distance_tokens": "smallest capacity, tokens, at which the usable prefix holds at least "
+                                       "half the request's prompt tokens (request_half_prefix_hit_rate); inf: "
+                                       "never or no blocks",
+        "half_prefix_distance_bytes": "the same in bytes",
         "block_ids": "chained prefix hashes of the prompt, as read",
     }),
     "accesses": ("One row per block access, in trace order: the canonical access table with per-access "
@@ -139,11 +130,11 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "next_t": "index of the next access of the same block (NULL: none)",
         "next_gap_s": "seconds to the next access of the same block (inf: none)",
         "reuses": "later accesses of the block within the value horizon",
-        "value_dollars": "future-reuse value of keeping the block after this access for the horizon, $ "
+        "value_usd": "future-reuse value of keeping the block after this access for the horizon, $ "
                          "(compute the reuses avoid - write, read and occupancy cost; windows overlap: do "
                          "not sum)",
-        "interval_value_dollars": "this access's part of the block's keep-for-the-horizon value, $ (sums to "
-                                  "blocks.total_value_dollars)",
+        "interval_value_usd": "this access's part of the block's keep-for-the-horizon value, $ (sums to "
+                                  "blocks.total_value_usd)",
     }),
     "blocks": ("One row per distinct block (dense id in order of first appearance), with its future-reuse "
                "value.", {
@@ -161,10 +152,10 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
         "reused": "accessed more than once",
         "horizon_hits": "accesses whose previous access is within the horizon",
         "gain_gpu_seconds": "GPU-seconds of prefill a keep-for-the-horizon store avoids",
-        "cost_dollars": "write + read + occupancy cost of that store, $",
-        "total_value_dollars": "net value of that store, $",
-        "value_per_byte": "total_value_dollars / bytes, $ per byte",
-        "clairvoyant_value_dollars": "best keep/drop schedule value, $ (>= 0)",
+        "cost_usd": "write + read + occupancy cost of that store, $",
+        "total_value_usd": "net value of that store, $",
+        "value_usd_per_byte": "total_value_usd / bytes, $ per byte",
+        "clairvoyant_value_usd": "best keep/drop schedule value, $ (>= 0)",
     }),
     "curve": ("The capacity-hit curve, one row per capacity (~log-spaced from one block to all distinct "
               "bytes), as `kvtrace curve --out`; rates are cumulative in capacity.", _CURVE_COLUMNS),
@@ -177,8 +168,8 @@ TABLES: dict[str, tuple[str, dict[str, str]]] = {
     "curve_steps": ("The curve's exact per-distance hit data: one row per kind and distinct distance of the "
                     "measured accesses (requests); hits at capacity C = sums over the rows with "
                     "distance_bytes <= C (read by the macros hit_rate_at and capacity_for).", {
-        "kind": "prefix (usable-prefix distances of accesses), any (any-block distances of accesses) or "
-                "request (requests.hit_distance_tokens)",
+        "kind": "prefix (usable-prefix distances of accesses), any (any-block distances of accesses), "
+                "request (requests.hit_distance_tokens) or half_prefix (requests.half_prefix_distance_tokens)",
         "distance_tokens": "distance, tokens (inf: cold, never hits)",
         "distance_bytes": "distance, bytes",
         "accesses": "accesses (requests for kind request) at this distance",
@@ -322,7 +313,7 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
         if available[by]:
             gr = compute_curve(trace, model=m, gpu=g, eviction=ev, points=points, warmup=warmup, by=by,
                                distances=d)
-            by_group.append(gr.by_group.rename({"group": "group_name"})
+            by_group.append(gr.by_group
                             .insert_column(0, pl.lit(by).alias("group_by")))
     step("value", 0, 1)
     vr = value_report(trace, model=m, gpu=g, horizon_s=horizon, costs=costs)
@@ -342,8 +333,8 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
         pl.Series("next_t", fr.next_t).replace(-1, None),
         pl.Series("next_gap_s", fr.next_gap_s),
         pl.Series("reuses", fr.reuses),
-        pl.Series("value_dollars", fr.value_dollars),
-        pl.Series("interval_value_dollars", fr.interval_value_dollars),
+        pl.Series("value_usd", fr.value_usd),
+        pl.Series("interval_value_usd", fr.interval_value_usd),
     )
 
     rs = a.req_start
@@ -351,6 +342,7 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
     hit = np.full(R, COLD, dtype=np.int64)
     hit[nonempty] = d.usable[rs[:-1][nonempty]]
     hit_f = _as_float(hit)
+    half_f = _as_float(half_prefix_keys(d.usable, a.tokens, rs))
     requests = req.select(
         pl.Series("request", np.arange(R, dtype=np.int64)),
         "request_id", "timestamp", "session_id", "parent_id", "turn", "type", "tenant", "input_tokens",
@@ -360,6 +352,8 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
         pl.Series("measured", np.arange(R) >= first_req),
         pl.Series("hit_distance_tokens", hit_f),
         pl.Series("hit_distance_bytes", hit_f * bpt),
+        pl.Series("half_prefix_distance_tokens", half_f),
+        pl.Series("half_prefix_distance_bytes", half_f * bpt),
         "block_ids",
     )
 
@@ -369,8 +363,8 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
         pl.Series("tenant", tenant, dtype=pl.String),
         pl.Series("size_tokens", trace.block_size.astype(np.int64)),
     ).select("block", "hash", "tenant", "size_tokens", "bytes", "root_block", "first_seen_s", "last_seen_s",
-             "accesses", "reused", "horizon_hits", "gain_gpu_seconds", "cost_dollars", "total_value_dollars",
-             "value_per_byte", "clairvoyant_value_dollars")
+             "accesses", "reused", "horizon_hits", "gain_gpu_seconds", "cost_usd", "total_value_usd",
+             "value_usd_per_byte", "clairvoyant_value_usd")
 
     curve_by_group = (pl.concat(by_group) if by_group else
                       pl.DataFrame(schema={"group_by": pl.String, "group_name": pl.String, **cr.curve.schema}))
@@ -402,7 +396,7 @@ def _tables(trace: Trace, m: ModelSpec, g: GpuSpec, ev: str, warmup, points: int
         "duration_s": float(trace.duration),
         "measured_requests": int(info["measured_requests"]),
         "measured_accesses": int(info["measured_accesses"]),
-        "measured_seconds": float(info["measured_seconds"]),
+        "measured_duration_s": float(info["measured_duration_s"]),
         "horizon_s": float(fr.horizon_s),
         "write_dollars_per_tb": float(c["write_dollars_per_tb"]),
         "read_dollars_per_tb": float(c["read_dollars_per_tb"]),
@@ -442,6 +436,9 @@ steps AS (
     UNION ALL
     SELECT 'request', hit_distance_tokens, count(*), NULL, NULL, NULL
     FROM requests WHERE measured GROUP BY hit_distance_tokens
+    UNION ALL
+    SELECT 'half_prefix', half_prefix_distance_tokens, count(*), NULL, NULL, NULL
+    FROM requests WHERE measured GROUP BY half_prefix_distance_tokens
 )
 SELECT s.kind, s.distance_tokens, s.distance_tokens * m.kv_bytes_per_token AS distance_bytes,
        CAST(s.accesses AS BIGINT) AS accesses, CAST(s.tokens AS BIGINT) AS tokens,
@@ -462,10 +459,16 @@ def _comment(con, table: str, description: str, columns: dict[str, str]) -> None
 
 
 def _read_result_table(path: str | os.PathLike) -> pl.DataFrame:
-    """A table written by a kvtrace command (``--out``): Parquet, CSV or JSON by suffix."""
+    """A table written by a kvtrace command (``--out``): Parquet, CSV or JSON by suffix,
+    with the column names of an earlier release mapped onto the current ones
+    (:func:`kvtrace.names.canonical_table`)."""
+    p = Path(path)
+    return canonical_table(_read_table_file(p))
+
+
+def _read_table_file(p: Path) -> pl.DataFrame:
     from .outputs import table_format
 
-    p = Path(path)
     fmt = table_format(p)
     if not p.is_file():
         raise KvtraceError("no such file", path=str(p))

@@ -61,61 +61,20 @@ Not modelled: queueing (service times are unloaded; the bandwidth check is the g
 the GPU time a restore itself costs, HBM prefix caching (common to every option),
 replicas and failure domains.
 
-Candidates table (:attr:`SizingResult.candidates`, one row per candidate x lens)
----------------------------------------------------------------------------------
-=============================  ===============================================================
-candidate                      ``keep-dram``, ``expand-dram``, ``add-local-ssd``,
-                               ``add-shared-flash``, ``dram+flash``, ``recompute-only``
-lens                           ``same-slo``, ``same-capacity``, ``same-budget``
-rank                           1 = best in its lens: feasible rows first (net benefit, then cost),
-                               then infeasible ones by shortfall (closest first)
-config                         label of the tier configuration (None: not applicable)
-policy                         flash admission policy chosen (None without flash)
-nodes                          nodes of the deployment
-dram_bytes, local_ssd_bytes    per node, bytes
-flash_bytes                    shared pool, bytes
-total_bytes                    all tiers, all nodes, bytes
-h_dram, h_flash, h_miss        unconditional usable-prefix *token* shares (flash includes local
-                               SSD); sum to 1
-h_dram_request,                request shares (first block's tier)
-h_flash_request
-mean_ms, p50_ms, p99_ms        reusable-prefix service time per request, ms (simulated)
-monthly_cost_usd               monthly cost of the whole configuration, $
-incremental_monthly_usd        vs ``keep-dram``, $
-gpu_hours_freed                GPU-hours per month vs ``keep-dram`` (negative: needs more)
-value_monthly_usd              GPU-hours freed x $/GPU-hour
-realised_monthly_usd           value x realisation (in full when negative)
-net_monthly_usd                realised - incremental
-break_even_realisation         incremental / value (0: costs nothing more; None: frees nothing
-                               or baseline)
-break_even_flash_ms            flash pays off on average while its restore is below this
-                               (``R - O / h_F`` of the flash-reading requests), ms
-flash_restore_ms               mean restore time of the flash-reading requests, ms
-flash_read_mean_bytes_per_s,   flash (local SSD or pool) read bandwidth, mean and peak window
-flash_read_peak_bytes_per_s
-flash_bandwidth_bytes_per_s    what the flash tier delivers
-dram_read_mean_bytes_per_s,    DRAM reads and what DRAM delivers
-dram_bandwidth_bytes_per_s
-bandwidth_headroom             min over tiers of deliverable / need (peak window for flash)
-dwpd, endurance_dwpd           drive writes per day (simulated) and the tier's rating
-dwpd_headroom                  endurance / DWPD
-meets_slo                      mean and P99 within the SLO targets
-feasible                       meets the SLO, bandwidth and endurance (all hard constraints)
-shortfall                      normalised shortfall: the largest excess of a failed constraint
-                               over its limit, as a share of the limit (0.25: 25 % over; 0
-                               when feasible): mean / target - 1, P99 / target - 1, DRAM
-                               reads / DRAM bandwidth - 1, peak flash reads / flash
-                               bandwidth - 1, DWPD / rating - 1
-shortfalls                     each failed constraint with its excess, e.g. "P99 +146.0 %"
-reasons                        why not feasible or not applicable, and notes ("; "-separated)
-est_mean_ms, est_p99_ms        the search's estimate for the configuration (admit-all)
-=============================  ===============================================================
+Candidates table (:attr:`SizingResult.candidates`, one row per candidate x lens): the
+columns of ``kvtrace.names.TABLES["size"]``, each with its unit. ``rank`` 1 is the best
+of its lens: feasible rows first (net benefit, then cost), then infeasible ones by
+shortfall (closest first). ``shortfall`` is the normalised shortfall: the largest excess
+of a failed constraint over its limit as a share of the limit (0.25: 25 % over; 0 when
+feasible): mean / target - 1, P99 / target - 1, DRAM reads / DRAM bandwidth - 1, peak
+flash reads / flash bandwidth - 1, DWPD / rating - 1. The ``ssd_`` columns are the
+candidate's flash level (its local SSDs or the shared pool).
 
 Search table (:attr:`SizingResult.search`, every evaluated point): ``candidate``,
-``dram_bytes``, ``local_ssd_bytes``, ``flash_bytes``, ``total_bytes``, ``h_dram``,
-``h_flash``, ``mean_ms``, ``p99_ms``, ``flash_read_mean_bytes_per_s``,
-``flash_read_peak_bytes_per_s``, ``dram_read_mean_bytes_per_s``, ``dwpd`` (admit-all),
-``gpu_seconds_saved_per_hour``, ``monthly_cost_usd``, ``net_monthly_usd``,
+``dram_bytes``, ``local_ssd_bytes``, ``flash_bytes``, ``total_bytes``, ``dram_prefix_token_hit_rate``,
+``ssd_prefix_token_hit_rate``, ``service_time_mean_ms``, ``service_time_p99_ms``, ``ssd_read_mean_bytes_per_s``,
+``ssd_read_peak_bytes_per_s``, ``dram_read_mean_bytes_per_s``, ``ssd_dwpd`` (admit-all),
+``gpu_seconds_saved_per_hour``, ``cost_usd_per_month``, ``net_usd_per_month``,
 ``meets_slo``, ``within_limits`` (bandwidth and endurance), ``feasible`` (all three); all
 estimates.
 """
@@ -722,15 +681,15 @@ class _Evaluator:
         wpd = float(evicted.sum()) / sec * _DAY_S if sec > 0 else None
         flash_cap = p.flash if p.flash else p.local * N
         out = {
-            "h_dram": float(self.tokens[usable & (run == 0)].sum()) / self.total_tokens if self.total_tokens else None,
-            "h_flash": float(self.tokens[usable & (run > 0)].sum()) / self.total_tokens if self.total_tokens else None,
-            "mean_ms": float(t.mean()) * 1e3 if n else None,
-            "p99_ms": float(np.percentile(t, 99, method="inverted_cdf")) * 1e3 if n else None,
-            "flash_read_mean_bytes_per_s": float(bf.sum()) * k / sec if sec > 0 else None,
-            "flash_read_peak_bytes_per_s": (float(np.bincount(self.window, bf).max()) * k / self.window_s
+            "dram_prefix_token_hit_rate": float(self.tokens[usable & (run == 0)].sum()) / self.total_tokens if self.total_tokens else None,
+            "ssd_prefix_token_hit_rate": float(self.tokens[usable & (run > 0)].sum()) / self.total_tokens if self.total_tokens else None,
+            "service_time_mean_ms": float(t.mean()) * 1e3 if n else None,
+            "service_time_p99_ms": float(np.percentile(t, 99, method="inverted_cdf")) * 1e3 if n else None,
+            "ssd_read_mean_bytes_per_s": float(bf.sum()) * k / sec if sec > 0 else None,
+            "ssd_read_peak_bytes_per_s": (float(np.bincount(self.window, bf).max()) * k / self.window_s
                                             if n else 0.0),
             "dram_read_mean_bytes_per_s": float(bd.sum()) * k / sec if sec > 0 else None,
-            "dwpd": (wpd / flash_cap) if (wpd is not None and has_flash and flash_cap > 0) else None,
+            "ssd_dwpd": (wpd / flash_cap) if (wpd is not None and has_flash and flash_cap > 0) else None,
             "gpu_seconds_saved_per_hour": (float(self.gpu.gpu_seconds(self.flops[usable].sum())) * k / hours
                                            if hours > 0 else None),
         }
@@ -763,10 +722,10 @@ def _tier_cost(config: SizingConfig, tier: str, capacity: int) -> tuple[MonthlyC
     cost = monthly_cost(
         spec.dollars_per_tib * tib + spec.dollars_per_unit * units,
         amortisation_months=spec.amortisation_months,
-        support_monthly_usd=spec.support_monthly_per_unit * units,
+        support_usd_per_month=spec.support_monthly_per_unit * units,
         kw=(spec.watts_per_tib * tib + spec.watts_per_unit * units) / 1000.0,
         dollars_per_kwh=config.dollars_per_kwh,
-        reserve_monthly_usd=spec.reserve_monthly_per_tib * tib,
+        reserve_usd_per_month=spec.reserve_monthly_per_tib * tib,
         hours_per_month=config.hours_per_month,
         label=f"{tier.replace('_', ' ')} {format_bytes(capacity)}{where} ({units} unit{'s' if units != 1 else ''})",
     )
@@ -779,7 +738,7 @@ def _point_cost(config: SizingConfig, p: _Point) -> tuple[float, list[MonthlyCos
         if cap <= 0:
             continue
         c, b = _tier_cost(config, tier, cap)
-        total += c.monthly_usd
+        total += c.cost_usd_per_month
         parts.append(c)
         bw[tier] = b
     return total, parts, bw
@@ -930,25 +889,29 @@ class SizingResult:
 _COLUMNS = {
     "candidate": pl.String, "lens": pl.String, "rank": pl.Int64, "config": pl.String, "policy": pl.String,
     "nodes": pl.Int64, "dram_bytes": pl.Int64, "local_ssd_bytes": pl.Int64, "flash_bytes": pl.Int64,
-    "total_bytes": pl.Int64, "h_dram": pl.Float64, "h_flash": pl.Float64, "h_miss": pl.Float64,
-    "h_dram_request": pl.Float64, "h_flash_request": pl.Float64, "mean_ms": pl.Float64, "p50_ms": pl.Float64,
-    "p99_ms": pl.Float64, "monthly_cost_usd": pl.Float64, "incremental_monthly_usd": pl.Float64,
-    "gpu_hours_freed": pl.Float64, "value_monthly_usd": pl.Float64, "realised_monthly_usd": pl.Float64,
-    "net_monthly_usd": pl.Float64, "break_even_realisation": pl.Float64, "break_even_flash_ms": pl.Float64,
-    "flash_restore_ms": pl.Float64, "flash_read_mean_bytes_per_s": pl.Float64,
-    "flash_read_peak_bytes_per_s": pl.Float64, "flash_bandwidth_bytes_per_s": pl.Float64,
+    "total_bytes": pl.Int64, "dram_prefix_token_hit_rate": pl.Float64, "ssd_prefix_token_hit_rate": pl.Float64,
+    "prefix_token_miss_rate": pl.Float64,
+    "dram_request_hit_rate": pl.Float64, "ssd_request_hit_rate": pl.Float64, "service_time_mean_ms": pl.Float64,
+    "service_time_p50_ms": pl.Float64,
+    "service_time_p99_ms": pl.Float64, "cost_usd_per_month": pl.Float64, "incremental_cost_usd_per_month": pl.Float64,
+    "gpu_hours_saved_per_month": pl.Float64, "value_usd_per_month": pl.Float64,
+    "realised_value_usd_per_month": pl.Float64,
+    "net_usd_per_month": pl.Float64, "break_even_realisation": pl.Float64, "break_even_restore_ms": pl.Float64,
+    "restore_mean_ms": pl.Float64, "ssd_read_mean_bytes_per_s": pl.Float64,
+    "ssd_read_peak_bytes_per_s": pl.Float64, "ssd_bandwidth_bytes_per_s": pl.Float64,
     "dram_read_mean_bytes_per_s": pl.Float64, "dram_bandwidth_bytes_per_s": pl.Float64,
-    "bandwidth_headroom": pl.Float64, "dwpd": pl.Float64, "endurance_dwpd": pl.Float64,
+    "bandwidth_headroom": pl.Float64, "ssd_dwpd": pl.Float64, "endurance_dwpd": pl.Float64,
     "dwpd_headroom": pl.Float64, "meets_slo": pl.Boolean, "feasible": pl.Boolean, "shortfall": pl.Float64,
     "shortfalls": pl.String, "reasons": pl.String,
-    "est_mean_ms": pl.Float64, "est_p99_ms": pl.Float64,
+    "estimated_service_time_mean_ms": pl.Float64, "estimated_service_time_p99_ms": pl.Float64,
 }
 _SEARCH_COLUMNS = {
     "candidate": pl.String, "dram_bytes": pl.Int64, "local_ssd_bytes": pl.Int64, "flash_bytes": pl.Int64,
-    "total_bytes": pl.Int64, "h_dram": pl.Float64, "h_flash": pl.Float64, "mean_ms": pl.Float64,
-    "p99_ms": pl.Float64, "flash_read_mean_bytes_per_s": pl.Float64, "flash_read_peak_bytes_per_s": pl.Float64,
-    "dram_read_mean_bytes_per_s": pl.Float64, "dwpd": pl.Float64, "gpu_seconds_saved_per_hour": pl.Float64,
-    "monthly_cost_usd": pl.Float64, "net_monthly_usd": pl.Float64, "meets_slo": pl.Boolean,
+    "total_bytes": pl.Int64, "dram_prefix_token_hit_rate": pl.Float64, "ssd_prefix_token_hit_rate": pl.Float64,
+    "service_time_mean_ms": pl.Float64,
+    "service_time_p99_ms": pl.Float64, "ssd_read_mean_bytes_per_s": pl.Float64, "ssd_read_peak_bytes_per_s": pl.Float64,
+    "dram_read_mean_bytes_per_s": pl.Float64, "ssd_dwpd": pl.Float64, "gpu_seconds_saved_per_hour": pl.Float64,
+    "cost_usd_per_month": pl.Float64, "net_usd_per_month": pl.Float64, "meets_slo": pl.Boolean,
     "within_limits": pl.Boolean, "feasible": pl.Boolean,
 }
 
@@ -992,15 +955,18 @@ class _Sizer:
     def money(self, p: _Point, gs_per_hour: float | None, base_cost: float, base_gs: float | None) -> dict:
         cost, parts, bw = _point_cost(self.config, p)
         self.costs[_label(self.config, p)] = [c.to_dict() for c in parts]
-        out = {"monthly_cost_usd": cost, "incremental_monthly_usd": cost - base_cost, "bandwidth": bw}
+        out = {"cost_usd_per_month": cost, "incremental_cost_usd_per_month": cost - base_cost, "bandwidth": bw}
         if gs_per_hour is None or base_gs is None:
-            return {**out, "gpu_hours_freed": None, "value_monthly_usd": None, "realised_monthly_usd": None,
-                    "net_monthly_usd": None, "break_even_realisation": None}
+            return {**out, "gpu_hours_saved_per_month": None, "value_usd_per_month": None,
+                    "realised_value_usd_per_month": None,
+                    "net_usd_per_month": None, "break_even_realisation": None}
         cb = cost_benefit(dollars_per_gpu_hour=self.gpu.dollars_per_hour, realisation=self.config.realisation,
-                          incremental_monthly_usd=cost - base_cost,
+                          incremental_cost_usd_per_month=cost - base_cost,
                           gpu_hours=(gs_per_hour - base_gs) * self.config.hours_per_month / 3600.0)
-        return {**out, "gpu_hours_freed": cb.gpu_hours_freed, "value_monthly_usd": cb.value_monthly_usd,
-                "realised_monthly_usd": cb.realised_monthly_usd, "net_monthly_usd": cb.net_monthly_usd,
+        return {**out, "gpu_hours_saved_per_month": cb.gpu_hours_saved_per_month,
+                "value_usd_per_month": cb.value_usd_per_month,
+                "realised_value_usd_per_month": cb.realised_value_usd_per_month,
+                "net_usd_per_month": cb.net_usd_per_month,
                 "break_even_realisation": cb.break_even_realisation}
 
     # ---------------------------------------------------------------- checks
@@ -1022,17 +988,19 @@ class _Sizer:
         (:data:`SHORTFALL_TEXT` names them); empty when every constraint holds. A
         configuration with no measured requests misses the SLO by an infinite share."""
         c, out = self.config, {}
-        for key, got, limit in (("slo_mean", sim["mean_ms"], c.slo_mean_ms), ("slo_p99", sim["p99_ms"], c.slo_p99_ms)):
+        for key, got, limit in (("slo_mean", sim["service_time_mean_ms"], c.slo_mean_ms), ("slo_p99",
+                                                                                           sim["service_time_p99_ms"],
+                                                                                           c.slo_p99_ms)):
             if limit is not None and (got is None or got > limit):
                 out[key] = math.inf if got is None else got / limit - 1.0
         dram_read = sim["dram_read_mean_bytes_per_s"]
         if p.dram and dram_bw and dram_read and dram_read > dram_bw:
             out["dram_bandwidth"] = dram_read / dram_bw - 1.0
-        flash_peak = sim["flash_read_peak_bytes_per_s"]
+        flash_peak = sim["ssd_read_peak_bytes_per_s"]
         if p.flash_tier and flash_bw and flash_peak and flash_peak > flash_bw:
             out["flash_bandwidth"] = flash_peak / flash_bw - 1.0
-        if p.flash_tier and rated and sim["dwpd"] is not None and sim["dwpd"] > rated:
-            out["endurance"] = sim["dwpd"] / rated - 1.0
+        if p.flash_tier and rated and sim["ssd_dwpd"] is not None and sim["ssd_dwpd"] > rated:
+            out["endurance"] = sim["ssd_dwpd"] / rated - 1.0
         return out
 
     def bandwidth_ok(self, p: _Point, bw: dict, dram_mean, flash_peak) -> bool:
@@ -1050,15 +1018,15 @@ class _Sizer:
         e = self.ev.evaluate(p, self.responses[p.flash_tier])
         keep_cost = _point_cost(self.config, self.keep)[0]
         m = self.money(p, e["gpu_seconds_saved_per_hour"], keep_cost, self.keep_est["gpu_seconds_saved_per_hour"])
-        slo = self.meets_slo(e["mean_ms"], e["p99_ms"])
-        within = (self.endurance_ok(p, e["dwpd"])
+        slo = self.meets_slo(e["service_time_mean_ms"], e["service_time_p99_ms"])
+        within = (self.endurance_ok(p, e["ssd_dwpd"])
                   and self.bandwidth_ok(p, m["bandwidth"], e["dram_read_mean_bytes_per_s"],
-                                        e["flash_read_peak_bytes_per_s"]))
+                                        e["ssd_read_peak_bytes_per_s"]))
         row = {"candidate": cand, "dram_bytes": p.dram, "local_ssd_bytes": p.local, "flash_bytes": p.flash,
                "total_bytes": (p.dram + p.local) * self.config.nodes + p.flash, **e,
-               "monthly_cost_usd": m["monthly_cost_usd"], "net_monthly_usd": m["net_monthly_usd"],
+               "cost_usd_per_month": m["cost_usd_per_month"], "net_usd_per_month": m["net_usd_per_month"],
                "meets_slo": slo, "within_limits": within, "feasible": slo and within,
-               "_endurance": self.endurance_ok(p, e["dwpd"])}
+               "_endurance": self.endurance_ok(p, e["ssd_dwpd"])}
         self.search_rows[key] = row
         return row
 
@@ -1108,21 +1076,22 @@ class _Sizer:
             recompute_s = float(req["flash_recompute_flops"].to_numpy()[reading].mean()) / resp.recompute_flops_per_s
             h_f = float(reading.sum()) / req.height
             be_ms = (recompute_s - resp.overhead_s / h_f) * 1e3
-        ms = lambda x: None if x is None else x * 1e3  # noqa: E731
         dwpd = s.get("local_dwpd") if p.local else s.get("flash_dwpd") if p.flash else None
-        flash_mean = ((s.get("local_read_bytes_per_s_mean") or 0.0) + (s.get("flash_read_bytes_per_s_mean") or 0.0)
+        flash_mean = ((s.get("local_read_mean_bytes_per_s") or 0.0) + (s.get("flash_read_mean_bytes_per_s") or 0.0)
                       if p.flash_tier else None)
-        flash_peak = (s.get("local_read_bytes_per_s_peak") if p.local else s.get("flash_read_bytes_per_s_peak")
+        flash_peak = (s.get("local_read_peak_bytes_per_s") if p.local else s.get("flash_read_peak_bytes_per_s")
                       if p.flash else None)
         out = {
             "point": p, "policy": pol if p.flash_tier else None, "summary": s,
-            "h_dram": s["h_dram_token"], "h_flash": (s["h_flash_token"] or 0.0) + (s["h_local_token"] or 0.0),
-            "h_miss": s["miss_token"], "h_dram_request": s["h_dram_request"],
-            "h_flash_request": (s["h_flash_request"] or 0.0) + (s["h_local_request"] or 0.0),
-            "mean_ms": ms(s["service_time_mean_s"]), "p50_ms": ms(s["service_time_p50_s"]),
-            "p99_ms": ms(s["service_time_p99_s"]), "flash_restore_ms": restore_ms, "break_even_flash_ms": be_ms,
-            "flash_read_mean_bytes_per_s": flash_mean, "flash_read_peak_bytes_per_s": flash_peak,
-            "dram_read_mean_bytes_per_s": s["dram_read_bytes_per_s_mean"], "dwpd": dwpd,
+            "dram_prefix_token_hit_rate": s["dram_prefix_token_hit_rate"],
+            "ssd_prefix_token_hit_rate": (s["flash_prefix_token_hit_rate"] or 0.0) + (s["local_prefix_token_hit_rate"] or 0.0),
+            "prefix_token_miss_rate": s["prefix_token_miss_rate"], "dram_request_hit_rate": s["dram_request_hit_rate"],
+            "ssd_request_hit_rate": (s["flash_request_hit_rate"] or 0.0) + (s["local_request_hit_rate"] or 0.0),
+            "service_time_mean_ms": s["service_time_mean_ms"], "service_time_p50_ms": s["service_time_p50_ms"],
+            "service_time_p99_ms": s["service_time_p99_ms"], "restore_mean_ms": restore_ms,
+            "break_even_restore_ms": be_ms,
+            "ssd_read_mean_bytes_per_s": flash_mean, "ssd_read_peak_bytes_per_s": flash_peak,
+            "dram_read_mean_bytes_per_s": s["dram_read_mean_bytes_per_s"], "ssd_dwpd": dwpd,
             "gpu_seconds_saved_per_hour": s["gpu_seconds_saved_per_hour"],
         }
         self.sims[key] = out
@@ -1138,13 +1107,13 @@ class _Sizer:
         m = self.money(p, sim["gpu_seconds_saved_per_hour"], keep_cost, keep["gpu_seconds_saved_per_hour"])
         bw = m["bandwidth"]
         reasons = []
-        slo = self.meets_slo(sim["mean_ms"], sim["p99_ms"])
+        slo = self.meets_slo(sim["service_time_mean_ms"], sim["service_time_p99_ms"])
         if not slo:
             miss = []
-            if c.slo_mean_ms is not None and sim["mean_ms"] > c.slo_mean_ms:
-                miss.append(f"mean {sim['mean_ms']:,.1f} ms > {c.slo_mean_ms:g} ms")
-            if c.slo_p99_ms is not None and sim["p99_ms"] > c.slo_p99_ms:
-                miss.append(f"P99 {sim['p99_ms']:,.1f} ms > {c.slo_p99_ms:g} ms")
+            if c.slo_mean_ms is not None and sim["service_time_mean_ms"] > c.slo_mean_ms:
+                miss.append(f"mean {sim['service_time_mean_ms']:,.1f} ms > {c.slo_mean_ms:g} ms")
+            if c.slo_p99_ms is not None and sim["service_time_p99_ms"] > c.slo_p99_ms:
+                miss.append(f"P99 {sim['service_time_p99_ms']:,.1f} ms > {c.slo_p99_ms:g} ms")
             reasons.append("misses the SLO: " + ", ".join(miss))
         t = p.flash_tier
         heads = []
@@ -1155,16 +1124,16 @@ class _Sizer:
                 reasons.append(f"DRAM reads {format_bytes(sim['dram_read_mean_bytes_per_s'])}/s exceed the "
                                f"{format_bytes(dram_bw)}/s it delivers")
         flash_bw = bw.get(t) if t else None
-        if t and sim["flash_read_peak_bytes_per_s"]:
-            heads.append(flash_bw / sim["flash_read_peak_bytes_per_s"])
-            if sim["flash_read_peak_bytes_per_s"] > flash_bw:
-                reasons.append(f"peak {c.window_s:g} s window reads {format_bytes(sim['flash_read_peak_bytes_per_s'])}"
+        if t and sim["ssd_read_peak_bytes_per_s"]:
+            heads.append(flash_bw / sim["ssd_read_peak_bytes_per_s"])
+            if sim["ssd_read_peak_bytes_per_s"] > flash_bw:
+                reasons.append(f"peak {c.window_s:g} s window reads {format_bytes(sim['ssd_read_peak_bytes_per_s'])}"
                                f"/s from {t.replace('_', ' ')}, above the {format_bytes(flash_bw)}/s it delivers")
-        bw_ok = self.bandwidth_ok(p, bw, sim["dram_read_mean_bytes_per_s"], sim["flash_read_peak_bytes_per_s"])
+        bw_ok = self.bandwidth_ok(p, bw, sim["dram_read_mean_bytes_per_s"], sim["ssd_read_peak_bytes_per_s"])
         rated = c.tiers[t].endurance_dwpd if t else None
-        end_ok = self.endurance_ok(p, sim["dwpd"])
+        end_ok = self.endurance_ok(p, sim["ssd_dwpd"])
         if not end_ok:
-            reasons.append(f"writes {sim['dwpd']:,.1f} drive writes/day, above the {rated:g} DWPD rating")
+            reasons.append(f"writes {sim['ssd_dwpd']:,.1f} drive writes/day, above the {rated:g} DWPD rating")
         feasible = slo and bw_ok and end_ok
         short = self.shortfalls(p, sim, dram_bw, flash_bw, rated)
         est = self.est(cand, p)
@@ -1172,21 +1141,23 @@ class _Sizer:
             "candidate": cand, "lens": lens, "rank": None, "config": _label(c, p), "policy": sim["policy"],
             "nodes": c.nodes, "dram_bytes": p.dram, "local_ssd_bytes": p.local, "flash_bytes": p.flash,
             "total_bytes": (p.dram + p.local) * c.nodes + p.flash,
-            **{k: sim[k] for k in ("h_dram", "h_flash", "h_miss", "h_dram_request", "h_flash_request", "mean_ms",
-                                   "p50_ms", "p99_ms")},
-            **{k: m[k] for k in ("monthly_cost_usd", "incremental_monthly_usd", "gpu_hours_freed",
-                                 "value_monthly_usd", "realised_monthly_usd", "net_monthly_usd",
+            **{k: sim[k] for k in ("dram_prefix_token_hit_rate", "ssd_prefix_token_hit_rate", "prefix_token_miss_rate",
+                                   "dram_request_hit_rate", "ssd_request_hit_rate", "service_time_mean_ms",
+                                   "service_time_p50_ms", "service_time_p99_ms")},
+            **{k: m[k] for k in ("cost_usd_per_month", "incremental_cost_usd_per_month", "gpu_hours_saved_per_month",
+                                 "value_usd_per_month", "realised_value_usd_per_month", "net_usd_per_month",
                                  "break_even_realisation")},
-            "break_even_flash_ms": sim["break_even_flash_ms"], "flash_restore_ms": sim["flash_restore_ms"],
-            "flash_read_mean_bytes_per_s": sim["flash_read_mean_bytes_per_s"],
-            "flash_read_peak_bytes_per_s": sim["flash_read_peak_bytes_per_s"],
-            "flash_bandwidth_bytes_per_s": flash_bw, "dram_read_mean_bytes_per_s": sim["dram_read_mean_bytes_per_s"],
+            "break_even_restore_ms": sim["break_even_restore_ms"], "restore_mean_ms": sim["restore_mean_ms"],
+            "ssd_read_mean_bytes_per_s": sim["ssd_read_mean_bytes_per_s"],
+            "ssd_read_peak_bytes_per_s": sim["ssd_read_peak_bytes_per_s"],
+            "ssd_bandwidth_bytes_per_s": flash_bw, "dram_read_mean_bytes_per_s": sim["dram_read_mean_bytes_per_s"],
             "dram_bandwidth_bytes_per_s": dram_bw if p.dram else None,
-            "bandwidth_headroom": min(heads) if heads else None, "dwpd": sim["dwpd"], "endurance_dwpd": rated,
-            "dwpd_headroom": (rated / sim["dwpd"]) if (rated and sim["dwpd"]) else None,
+            "bandwidth_headroom": min(heads) if heads else None, "ssd_dwpd": sim["ssd_dwpd"], "endurance_dwpd": rated,
+            "dwpd_headroom": (rated / sim["ssd_dwpd"]) if (rated and sim["ssd_dwpd"]) else None,
             "meets_slo": slo, "feasible": feasible, "reasons": "; ".join(reasons) if reasons else None,
             "shortfall": max(short.values(), default=0.0), "shortfalls": _shortfall_text(short) or None,
-            "est_mean_ms": est["mean_ms"], "est_p99_ms": est["p99_ms"], "_shortfalls": short,
+            "estimated_service_time_mean_ms": est["service_time_mean_ms"],
+            "estimated_service_time_p99_ms": est["service_time_p99_ms"], "_shortfalls": short,
         }
         if cand == "keep-dram":
             row["break_even_realisation"] = None
@@ -1202,9 +1173,9 @@ class _Sizer:
                 seen.append(p)
         rows = [self.judge(cand, lens, self.sim(p, pol)) for p in seen for pol in pols]
         if lens == "same-slo":
-            key = lambda r: (r["feasible"], -r["shortfall"], -r["monthly_cost_usd"], _net(r))  # noqa: E731
+            key = lambda r: (r["feasible"], -r["shortfall"], -r["cost_usd_per_month"], _net(r))  # noqa: E731
         else:
-            key = lambda r: (r["feasible"], -r["shortfall"], _net(r), -r["monthly_cost_usd"])  # noqa: E731
+            key = lambda r: (r["feasible"], -r["shortfall"], _net(r), -r["cost_usd_per_month"])  # noqa: E731
         best = max(rows, key=key)
         best = self._policy_note(best, rows, pols)
         if lens == "same-slo" and not best["feasible"] and grow is not None:
@@ -1240,9 +1211,9 @@ class _Sizer:
         same = [r for r in rows if r["config"] == best["config"]]
         if len(same) < 2:
             return best
-        parts = [f"{r['policy']}: P99 {r['p99_ms']:,.1f} ms, "
-                 + ("-" if r["dwpd"] is None else f"{r['dwpd']:,.2f}") + " DWPD"
-                 + (", net " + _signed_usd(r["net_monthly_usd"]) if r["net_monthly_usd"] is not None else "")
+        parts = [f"{r['policy']}: P99 {r['service_time_p99_ms']:,.1f} ms, "
+                 + ("-" if r["ssd_dwpd"] is None else f"{r['ssd_dwpd']:,.2f}") + " DWPD"
+                 + (", net " + _signed_usd(r["net_usd_per_month"]) if r["net_usd_per_month"] is not None else "")
                  for r in same]
         best = dict(best)
         best["reasons"] = "; ".join(filter(None, [best["reasons"], "admission at this size: " + " | ".join(parts)]))
@@ -1336,7 +1307,8 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
     if c.budget_monthly_usd is not None:
         budget, budget_src = c.budget_monthly_usd, "config"
     else:
-        budget = winner["monthly_cost_usd"] if winner["monthly_cost_usd"] is not None else _point_cost(c, sz.keep)[0]
+        budget = winner["cost_usd_per_month"] if winner["cost_usd_per_month"] is not None else _point_cost(c,
+                                                                                                           sz.keep)[0]
         budget_src = f"monthly cost of the same-SLO winner ({winner['candidate']})"
     bud_rows = _rank(_same_budget(sz, budget))
 
@@ -1344,7 +1316,7 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
     all_rows = slo_rows + cap_rows + bud_rows
     table = pl.DataFrame([{k: r.get(k) for k in _COLUMNS} for r in all_rows], schema=_COLUMNS, orient="row")
     search = pl.DataFrame([{k: r.get(k) for k in _SEARCH_COLUMNS} for r in sz.search_rows.values()],
-                          schema=_SEARCH_COLUMNS, orient="row").sort("candidate", "monthly_cost_usd")
+                          schema=_SEARCH_COLUMNS, orient="row").sort("candidate", "cost_usd_per_month")
     info = {
         "trace": trace.meta.source, "requests": trace.n_requests, "accesses": trace.n_accesses,
         "duration_s": trace.duration, "replayed_duration_s": scaled.duration, "load_scale": c.load_scale,
@@ -1473,7 +1445,7 @@ def _same_capacity(sz: _Sizer, target: int) -> list[dict]:
               if "shared_flash" in tiers and 0 < target - d * N <= tiers["shared_flash"].max_bytes]
     if splits:
         best = max(_thin(splits, _DRAM_SPLIT_POINTS),
-                   key=lambda q: (sz.est("dram+flash", q)["feasible"], sz.est("dram+flash", q)["net_monthly_usd"]))
+                   key=lambda q: (sz.est("dram+flash", q)["feasible"], sz.est("dram+flash", q)["net_usd_per_month"]))
         rows.append(sz.confirm("dram+flash", lens, [best]))
     else:
         rows.append(_not_applicable("dram+flash", lens, f"no DRAM step between today's and "
@@ -1504,7 +1476,7 @@ def _same_budget(sz: _Sizer, budget: float) -> list[dict]:
              for q in [largest(flashes, lambda v, d=d: _Point(d, 0, v))] if q is not None]
     if pairs:
         best = max(pairs, key=lambda q: (sz.est("dram+flash", q)["feasible"],
-                                         sz.est("dram+flash", q)["net_monthly_usd"]))
+                                         sz.est("dram+flash", q)["net_usd_per_month"]))
         rows.append(sz.confirm("dram+flash", lens, [best]))
     else:
         rows.append(_not_applicable("dram+flash", lens, f"no DRAM + flash pair fits ${budget:,.2f}/month", N))
@@ -1512,7 +1484,7 @@ def _same_budget(sz: _Sizer, budget: float) -> list[dict]:
 
 
 def _net(r: dict) -> float:
-    return r["net_monthly_usd"] if r["net_monthly_usd"] is not None else -math.inf
+    return r["net_usd_per_month"] if r["net_usd_per_month"] is not None else -math.inf
 
 
 def _rank(rows: list[dict]) -> list[dict]:
@@ -1522,7 +1494,7 @@ def _rank(rows: list[dict]) -> list[dict]:
     a configuration 10 % over one limit is closer than one 900 % over a single limit."""
     def key(r):
         applicable = r["config"] is not None
-        cost = r["monthly_cost_usd"] if r["monthly_cost_usd"] is not None else math.inf
+        cost = r["cost_usd_per_month"] if r["cost_usd_per_month"] is not None else math.inf
         short = r["shortfall"] if r.get("shortfall") is not None else math.inf
         return (not applicable, not r["feasible"], 0.0 if r["feasible"] else short, -_net(r), cost,
                 CANDIDATES.index(r["candidate"]))
@@ -1597,9 +1569,9 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
     risks: list[str] = []
     needed: list[str] = []
     if top["feasible"]:
-        checks = "the read bandwidth" + (" and the flash endurance" if top["dwpd"] is not None else "")
+        checks = "the read bandwidth" + (" and the flash endurance" if top["ssd_dwpd"] is not None else "")
         reasons.append(f"{name} ({top['config']}{pol}) is the best candidate meeting the SLO ({c.slo_text()}): "
-                       f"mean {_msf(top['mean_ms'])}, P99 {_msf(top['p99_ms'])}, within {checks}.")
+                       f"mean {_msf(top['service_time_mean_ms'])}, P99 {_msf(top['service_time_p99_ms'])}, within {checks}.")
         headline = f"recommendation: {name}" + (f" ({top['config']}{pol})" if top["config"] else "")
     else:
         applicable = [r for r in slo_rows if r["config"] is not None]
@@ -1618,47 +1590,47 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
     be_text = ("" if be is None else "; it pays at any realisation ratio" if be == 0 else
                f"; it breaks even at a realisation ratio of {_pct(be)}")
     if top["candidate"] == "keep-dram":
-        reasons.append(f"It costs {_usd(top['monthly_cost_usd'])}/month and needs no new spend.")
-    elif top["gpu_hours_freed"] is None:  # a trace that spans no time has no rate per month
+        reasons.append(f"It costs {_usd(top['cost_usd_per_month'])}/month and needs no new spend.")
+    elif top["gpu_hours_saved_per_month"] is None:  # a trace that spans no time has no rate per month
         reasons.append(
-            f"It costs {_usd(top['monthly_cost_usd'])}/month ({_signed_usd(top['incremental_monthly_usd'])} vs today's "
+            f"It costs {_usd(top['cost_usd_per_month'])}/month ({_signed_usd(top['incremental_cost_usd_per_month'])} vs today's "
             f"{keep['config']}); the trace spans no time (its requests share one timestamp), so the GPU-hours it "
             "frees per month, their value and the net are unknown: replay a longer trace.")
     else:
         reasons.append(
-            f"It costs {_usd(top['monthly_cost_usd'])}/month ({_signed_usd(top['incremental_monthly_usd'])} vs today's "
-            f"{keep['config']}); it frees {top['gpu_hours_freed']:,.1f} GPU-h/month worth "
-            f"{_usd(top['value_monthly_usd'])}, {_usd(top['realised_monthly_usd'])} realised at "
-            f"{_pct(c.realisation)}: net {_signed_usd(top['net_monthly_usd'])}/month{be_text}.")
-    if top["break_even_flash_ms"] is not None:
-        reasons.append(f"Flash restores average {_msf(top['flash_restore_ms'])}; flash pays off on average while "
-                       f"they stay under {_msf(top['break_even_flash_ms'])} (R - O / h_F of the requests reading it).")
+            f"It costs {_usd(top['cost_usd_per_month'])}/month ({_signed_usd(top['incremental_cost_usd_per_month'])} vs today's "
+            f"{keep['config']}); it frees {top['gpu_hours_saved_per_month']:,.1f} GPU-h/month worth "
+            f"{_usd(top['value_usd_per_month'])}, {_usd(top['realised_value_usd_per_month'])} realised at "
+            f"{_pct(c.realisation)}: net {_signed_usd(top['net_usd_per_month'])}/month{be_text}.")
+    if top["break_even_restore_ms"] is not None:
+        reasons.append(f"Flash restores average {_msf(top['restore_mean_ms'])}; flash pays off on average while "
+                       f"they stay under {_msf(top['break_even_restore_ms'])} (R - O / h_F of the requests reading it).")
     if info["knee_95_bytes"]:
         reasons.append(
             f"Curve knee: 95 % of the reuse ceiling ({_pct(info['ceiling_prefix_token_hit_rate'])} of prompt "
             f"tokens) needs {format_bytes(info['knee_95_bytes'])} of cache; this configuration holds "
-            f"{format_bytes(top['total_bytes'])} and serves {_pct((top['h_dram'] or 0) + (top['h_flash'] or 0))} of "
-            f"prompt tokens from cache ({_pct(top['h_dram'])} DRAM, {_pct(top['h_flash'])} flash).")
-    reasons.append(f"P99 {_msf(keep['p99_ms'])} -> {_msf(top['p99_ms'])}, mean {_msf(keep['mean_ms'])} -> "
-                   f"{_msf(top['mean_ms'])} (today: {keep['config']}).")
+            f"{format_bytes(top['total_bytes'])} and serves {_pct((top['dram_prefix_token_hit_rate'] or 0) + (top['ssd_prefix_token_hit_rate'] or 0))} of "
+            f"prompt tokens from cache ({_pct(top['dram_prefix_token_hit_rate'])} DRAM, {_pct(top['ssd_prefix_token_hit_rate'])} flash).")
+    reasons.append(f"P99 {_msf(keep['service_time_p99_ms'])} -> {_msf(top['service_time_p99_ms'])}, mean {_msf(keep['service_time_mean_ms'])} -> "
+                   f"{_msf(top['service_time_mean_ms'])} (today: {keep['config']}).")
     bw = []
     if top["dram_read_mean_bytes_per_s"] and top["dram_bandwidth_bytes_per_s"]:
         bw.append(f"DRAM reads {_rate(top['dram_read_mean_bytes_per_s'])} of "
                   f"{_rate(top['dram_bandwidth_bytes_per_s'])}")
-    if top["flash_read_peak_bytes_per_s"] is not None and top["flash_bandwidth_bytes_per_s"]:
-        bw.append(f"flash peaks at {_rate(top['flash_read_peak_bytes_per_s'])} per {c.window_s:g} s window "
-                  f"(mean {_rate(top['flash_read_mean_bytes_per_s'])}) of {_rate(top['flash_bandwidth_bytes_per_s'])}")
+    if top["ssd_read_peak_bytes_per_s"] is not None and top["ssd_bandwidth_bytes_per_s"]:
+        bw.append(f"flash peaks at {_rate(top['ssd_read_peak_bytes_per_s'])} per {c.window_s:g} s window "
+                  f"(mean {_rate(top['ssd_read_mean_bytes_per_s'])}) of {_rate(top['ssd_bandwidth_bytes_per_s'])}")
     if bw:
         head = top["bandwidth_headroom"]
         reasons.append("Bandwidth: " + "; ".join(bw) + ("" if head is None else f" (headroom {head:,.1f}x)") + ".")
-    if top["dwpd"] is not None:
-        reasons.append(f"Endurance: {top['dwpd']:,.2f} drive writes per day against {top['endurance_dwpd']:g} rated"
+    if top["ssd_dwpd"] is not None:
+        reasons.append(f"Endurance: {top['ssd_dwpd']:,.2f} drive writes per day against {top['endurance_dwpd']:g} rated"
                        + ("" if top["dwpd_headroom"] is None else f" ({top['dwpd_headroom']:,.1f}x headroom)") + ".")
     runner = next((r for r in slo_rows[1:] if r["feasible"]), None)
     if runner is not None and top["feasible"]:
-        gap = (top["net_monthly_usd"] or 0) - (runner["net_monthly_usd"] or 0)
+        gap = (top["net_usd_per_month"] or 0) - (runner["net_usd_per_month"] or 0)
         reasons.append(f"Next best under the same SLO: {CANDIDATE_TEXT[runner['candidate']]} ({runner['config']}) at "
-                       f"net {_signed_usd(runner['net_monthly_usd'])}/month, {_usd(gap)}/month less.")
+                       f"net {_signed_usd(runner['net_usd_per_month'])}/month, {_usd(gap)}/month less.")
     for r in slo_rows:
         if r is top or r["feasible"]:
             continue
@@ -1679,12 +1651,13 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
 
     # risks
     for r in slo_rows:
-        if (r["config"] is not None and r["candidate"] != "keep-dram" and r["mean_ms"] is not None
-                and keep["mean_ms"] is not None and r["mean_ms"] < keep["mean_ms"] and r["p99_ms"] >= keep["p99_ms"]):
+        if (r["config"] is not None and r["candidate"] != "keep-dram" and r["service_time_mean_ms"] is not None
+                and keep["service_time_mean_ms"] is not None and r["service_time_mean_ms"] < keep["service_time_mean_ms"] and r["service_time_p99_ms"] >= keep["service_time_p99_ms"]):
             who = "the recommendation" if r is top else CANDIDATE_TEXT[r["candidate"]]
-            risks.append(f"Mean improves but P99 does not for {who}: mean {_msf(keep['mean_ms'])} -> "
-                         f"{_msf(r['mean_ms'])}, P99 {_msf(keep['p99_ms'])} -> {_msf(r['p99_ms'])}.")
-    for target, got, what in ((c.slo_p99_ms, top["p99_ms"], "P99"), (c.slo_mean_ms, top["mean_ms"], "mean")):
+            risks.append(f"Mean improves but P99 does not for {who}: mean {_msf(keep['service_time_mean_ms'])} -> "
+                         f"{_msf(r['service_time_mean_ms'])}, P99 {_msf(keep['service_time_p99_ms'])} -> {_msf(r['service_time_p99_ms'])}.")
+    for target, got, what in ((c.slo_p99_ms, top["service_time_p99_ms"], "P99"), (c.slo_mean_ms,
+                                                                                  top["service_time_mean_ms"], "mean")):
         if target is not None and got is not None and 0.9 * target < got <= target:
             risks.append(f"Thin margin: {what} {_msf(got)} is within 10 % of its {target:g} ms target.")
     if top["bandwidth_headroom"] is not None and top["bandwidth_headroom"] < 1.5:
@@ -1712,7 +1685,8 @@ def _recommendation(sz: _Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: 
     risks.append("Service times are unloaded (no queueing) and exclude the GPU time restores cost; prices are the "
                  "config's.")
     figures = {k: v for k, v in top.items() if not k.startswith("_")}
-    figures.update({"before_mean_ms": keep["mean_ms"], "before_p99_ms": keep["p99_ms"],
+    figures.update({"before_service_time_mean_ms": keep["service_time_mean_ms"],
+                    "before_service_time_p99_ms": keep["service_time_p99_ms"],
                     "before_config": keep["config"], "knee_95_bytes": info["knee_95_bytes"]})
     command = (_whatif_command(sz, top, trace_name) if top["config"] is not None else "")
     return Recommendation(top["candidate"], "same-slo", top["config"], top["policy"], reasons, risks, figures,
@@ -1749,15 +1723,15 @@ def _needed(sz: _Sizer, top: dict, info: dict) -> list[str]:
     short = top.get("_shortfalls") or {}
     slo_missed = "slo_mean" in short or "slo_p99" in short
     resp = sz.responses[None]
-    meets = lambda e: sz.meets_slo(e["mean_ms"], e["p99_ms"])  # noqa: E731
+    meets = lambda e: sz.meets_slo(e["service_time_mean_ms"], e["service_time_p99_ms"])  # noqa: E731
     distinct = int(info.get("distinct_bytes") or 0)
     if slo_missed and c.has_slo and distinct > 0:
         full = ev.evaluate(_Point(distinct), resp)
         if not meets(full):
             ceiling = info["ceiling_prefix_token_hit_rate"] or 0.0
             out.append(f"No cache size meets the SLO: with every distinct block in DRAM ({format_bytes(distinct)}"
-                       f"{' per node' if c.nodes > 1 else ''}) the estimate is still mean {_msf(full['mean_ms'])}, "
-                       f"P99 {_msf(full['p99_ms'])}, set by DRAM restores at {c.tiers['dram'].restore_gbps:g} GB/s "
+                       f"{' per node' if c.nodes > 1 else ''}) the estimate is still mean {_msf(full['service_time_mean_ms'])}, "
+                       f"P99 {_msf(full['service_time_p99_ms'])}, set by DRAM restores at {c.tiers['dram'].restore_gbps:g} GB/s "
                        f"and the prefill of the {_pct(1.0 - ceiling)} of prompt tokens no cache can hold (the reuse "
                        f"ceiling is {_pct(ceiling)}): it takes faster restores or prefill (GPU, MFU), or a looser SLO.")
         else:
@@ -1787,12 +1761,12 @@ def _needed(sz: _Sizer, top: dict, info: dict) -> list[str]:
                        "the curves): it takes more capacity, restore bandwidth or faster prefill.")
     if t is not None and "endurance" in short:
         rated = c.tiers[t].endurance_dwpd
-        out.append(f"Its writes need a {tier} rated for {top['dwpd']:,.2f} drive writes/day "
-                   f"(configured {rated:g}), or about {top['dwpd'] / rated:,.2f}x the capacity at the same writes, "
+        out.append(f"Its writes need a {tier} rated for {top['ssd_dwpd']:,.2f} drive writes/day "
+                   f"(configured {rated:g}), or about {top['ssd_dwpd'] / rated:,.2f}x the capacity at the same writes, "
                    "or a stricter admission policy.")
     if t is not None and "flash_bandwidth" in short:
-        out.append(f"Its peak {c.window_s:g} s window reads {_rate(top['flash_read_peak_bytes_per_s'])}: the "
-                   f"{tier} must deliver that (configured {_rate(top['flash_bandwidth_bytes_per_s'])}).")
+        out.append(f"Its peak {c.window_s:g} s window reads {_rate(top['ssd_read_peak_bytes_per_s'])}: the "
+                   f"{tier} must deliver that (configured {_rate(top['ssd_bandwidth_bytes_per_s'])}).")
     if "dram_bandwidth" in short:
         out.append(f"Its DRAM reads {_rate(top['dram_read_mean_bytes_per_s'])} on average: DRAM must deliver that "
                    f"(configured {_rate(top['dram_bandwidth_bytes_per_s'])}).")
@@ -1806,7 +1780,7 @@ _LENS_TITLE = {
     "same-capacity": "Same capacity: every candidate holds {capacity} in total (exact capacities)",
     "same-budget": "Same budget: the most each candidate buys for {budget}/month",
 }
-_TABLE_HEAD = ("rank", "candidate", "configuration", "admission", "h_D", "h_F", "mean", "P99", "$/month",
+_TABLE_HEAD = ("rank", "candidate", "configuration", "admission", "DRAM", "SSD/flash", "mean", "P99", "$/month",
                "vs today", "net $/month", "break-even realisation", "DWPD", "feasible", "notes")
 
 
@@ -1815,9 +1789,11 @@ def _table_rows(result: SizingResult, lens: str) -> list[list[str]]:
     for r in result.candidates.filter(pl.col("lens") == lens).sort("rank").iter_rows(named=True):
         rows.append([
             str(r["rank"]), CANDIDATE_TEXT[r["candidate"]], r["config"] or "-", r["policy"] or "-",
-            _pct(r["h_dram"]), _pct(r["h_flash"]), _msf(r["mean_ms"]), _msf(r["p99_ms"]),
-            _usd(r["monthly_cost_usd"]), _signed_usd(r["incremental_monthly_usd"]), _signed_usd(r["net_monthly_usd"]),
-            _pct(r["break_even_realisation"]), "-" if r["dwpd"] is None else f"{r['dwpd']:,.2f}",
+            _pct(r["dram_prefix_token_hit_rate"]), _pct(r["ssd_prefix_token_hit_rate"]),
+            _msf(r["service_time_mean_ms"]), _msf(r["service_time_p99_ms"]),
+            _usd(r["cost_usd_per_month"]), _signed_usd(r["incremental_cost_usd_per_month"]),
+            _signed_usd(r["net_usd_per_month"]),
+            _pct(r["break_even_realisation"]), "-" if r["ssd_dwpd"] is None else f"{r['ssd_dwpd']:,.2f}",
             "yes" if r["feasible"] else "no", r["reasons"] or "",
         ])
     return rows
@@ -1861,8 +1837,8 @@ def _blocks(result: SizingResult) -> list[tuple]:
         if lens == "same-budget":
             b.append(("p", f"Budget: {info['budget_source']}."))
         b.append(("table", _TABLE_HEAD, _table_rows(result, lens)))
-    b.append(("p", "h_D, h_F: unconditional shares of prompt tokens served from DRAM and from flash (usable "
-                   "prefix); times are the reusable prefix's per-request service time from the exact tier replay; "
+    b.append(("p", "DRAM, SSD/flash: unconditional shares of prompt tokens served from DRAM and from the local SSD "
+                   "or shared flash (usable prefix; dram_ and ssd_prefix_token_hit_rate); times are the reusable prefix's per-request service time from the exact tier replay; "
                    "'vs today' and 'net' compare with keeping today's DRAM; net = realised GPU value - incremental "
                    "cost. Rows are ranked feasible first, then by net benefit."))
     costs = result.costs.get(rec.config or "", [])

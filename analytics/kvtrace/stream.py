@@ -182,9 +182,10 @@ class BinnedPass:
         Empty arrays (the distances went through the histogram).
     hist : float64[2, n_groups, G + 2, 4]
         :func:`kvtrace.kernels.hitcurve.binned_hits` of the whole stream.
-    request_keys : (int64[R], bool[R])
-        Usable key of each request's first block (COLD: empty or cold) and which
-        requests are measured.
+    request_keys : (int64[R], bool[R]) or (int64[R], bool[R], int64[R])
+        Usable key of each request's first block (COLD: empty or cold), which
+        requests are measured and, from exact passes, each request's half-prefix key
+        (:func:`kvtrace.curves.half_prefix_keys`).
     top : int
         Largest finite distance or usable distance among measured accesses (tokens).
     keys_in_ranges : callable
@@ -404,7 +405,7 @@ class StreamedTrace:
         """Pass 2 (see the module docstring): exact distances chunk by chunk, binned on
         ``grid`` (tokens) into the histogram :func:`kvtrace.curves.compute_curve`
         evaluates, with the per-request keys, the top distance and the knee reader."""
-        from .curves import _Stream
+        from .curves import _Stream, half_prefix_keys
 
         rs = self._req_start
         n_req = rs.shape[0] - 1
@@ -414,6 +415,7 @@ class StreamedTrace:
         state.last_request = np.empty(0, dtype=np.int64)  # no previous-request output: 8 bytes/block saved
         hist = np.zeros((2, n_groups, grid.shape[0] + 2, 4), dtype=np.float64)
         keys = np.full(n_req, COLD, dtype=np.int64)
+        half = np.full(n_req, COLD, dtype=np.int64)
         first_acc = int(rs[first_req]) if n_req else 0
         top = 0
         no_prev = np.empty(0, dtype=np.int64)
@@ -432,6 +434,7 @@ class StreamedTrace:
                                  no_scale)
                 nonempty = lrs[1:] > lrs[:-1]
                 keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
+                half[r:r_end] = half_prefix_keys(usable, tokens, lrs)
                 top = max(top, int(max_finite(dist, first)), int(max_finite(usable, first)))
                 usable.tofile(usable_out)
                 if progress is not None:
@@ -454,7 +457,7 @@ class StreamedTrace:
                                       lo_keys, hi_keys, no_scale)
             return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
 
-        return BinnedPass(stream, Distances(ev, empty, empty), hist, (keys, members), top, in_ranges)
+        return BinnedPass(stream, Distances(ev, empty, empty), hist, (keys, members, half), top, in_ranges)
 
 
 def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,

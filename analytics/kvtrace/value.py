@@ -6,7 +6,7 @@ never come back, while a medium prefix reused often can be worth more per byte.
 
 Two per-access quantities, both clairvoyant (they read the future of the trace):
 
-**Window value** (``FutureReuse.value_dollars``): the value of storing the block right
+**Window value** (``FutureReuse.value_usd``): the value of storing the block right
 after access ``t`` for the horizon ``H``. Its reuses are the later accesses of the block
 whose gap ``ts[u] - ts[t]`` is at most ``H`` (ties count, see
 :mod:`kvtrace.kernels.future`)::
@@ -24,7 +24,7 @@ its own. It is the score for a clairvoyant ``value >= v`` admission policy. Wind
 successive accesses overlap (a reuse lies in the window of every earlier access within
 ``H``), so window values must not be summed.
 
-**Interval value** (``FutureReuse.interval_value_dollars``): the decomposition of one
+**Interval value** (``FutureReuse.interval_value_usd``): the decomposition of one
 schedule, *keep every block for H after its latest access* (a time-to-live cache of
 unbounded capacity; with ``H = inf``, keep each block until its last access), into
 disjoint per-access parts that sum to the block's net value under that schedule::
@@ -36,9 +36,9 @@ disjoint per-access parts that sum to the block's net value under that schedule:
 
 where ``H' = H`` if finite else 0 and an access *starts a stay* when its previous
 access is not within ``H`` (or it is the block's first). The per-block and per-prefix
-``total_value_dollars`` are sums of interval values.
+``total_value_usd`` are sums of interval values.
 
-**Clairvoyant bound** (``clairvoyant_value_dollars``): the best net value any
+**Clairvoyant bound** (``clairvoyant_value_usd``): the best net value any
 keep/drop schedule can reach with unbounded capacity, when a block may only be kept
 across gaps of at most ``H`` (so that bound and schedule see the same reuses): per
 block, the best subset of its keepable intervals, each maximal run of kept intervals
@@ -87,18 +87,18 @@ horizon_hits                int64     accesses whose previous access is within H
                                       of the time-to-live schedule)
 bytes                       int64     bytes the block occupies
 gain_gpu_seconds            float64   GPU-seconds of prefill the schedule avoids
-cost_dollars                float64   write + read + occupancy cost of the schedule, $
-total_value_dollars         float64   sum of its interval values, $ (gain $ - cost)
-value_per_byte              float64   total_value_dollars / bytes, $ per byte
-clairvoyant_value_dollars   float64   best keep/drop schedule value, $ (>= 0)
+cost_usd                float64   write + read + occupancy cost of the schedule, $
+total_value_usd         float64   sum of its interval values, $ (gain $ - cost)
+value_usd_per_byte              float64   total_value_usd / bytes, $ per byte
+clairvoyant_value_usd   float64   best keep/drop schedule value, $ (>= 0)
 ==========================  ========  ===================================================
 
 Per-prefix table (``ValueResult.per_prefix``, one row per root block, sorted by
-``total_value_dollars`` descending, then ``root_block``): ``root_block`` int64 ·
+``total_value_usd`` descending, then ``root_block``): ``root_block`` int64 ·
 ``root_hash`` uint64 · ``blocks`` int64 (blocks of the family) · ``bytes`` int64 ·
 ``accesses`` int64 · ``never_reused_bytes`` int64 (bytes of its blocks accessed once) ·
-``gain_gpu_seconds`` float64 · ``total_value_dollars`` float64 ($) · ``value_per_byte``
-float64 ($/byte) · ``clairvoyant_value_dollars`` float64 ($). With a shared root, the
+``gain_gpu_seconds`` float64 · ``total_value_usd`` float64 ($) · ``value_usd_per_byte``
+float64 ($/byte) · ``clairvoyant_value_usd`` float64 ($). With a shared root, the
 shared family's row is the one whose ``root_hash`` is ``shared_root_hashes[0]``.
 
 Summary (``ValueResult.summary``; units in the key names): see :func:`value_report`.
@@ -349,7 +349,7 @@ class FutureReuse:
     ----------
     block : int64[N]
         Dense block id (the trace's access table, not a copy).
-    timestamp_s : float64[N]
+    timestamp : float64[N]
         Arrival of the access's request, seconds.
     next_t : int64[N]
         Index of the next access of the same block; -1 for none.
@@ -368,17 +368,17 @@ class FutureReuse:
         Bytes the block occupies (its cache size in tokens x KV bytes per token).
     gain_gpu_seconds : float64[N]
         GPU-seconds of prefill the reuses within the horizon avoid.
-    gain_dollars : float64[N]
+    gain_usd : float64[N]
         The same in $.
-    cost_dollars : float64[N]
+    cost_usd : float64[N]
         ``bytes x (write + read x reuses + occupancy x hold_s)``, $.
-    value_dollars : float64[N]
-        Window value ``gain_dollars - cost_dollars``, $: the clairvoyant admission
+    value_usd : float64[N]
+        Window value ``gain_usd - cost_usd``, $: the clairvoyant admission
         score (a ``value >= v`` policy admits a block when the value of its latest
         access reaches ``v``). Windows overlap; do not sum.
     interval_gain_gpu_seconds : float64[N]
         GPU-seconds the *next* access avoids when it is within the horizon, else 0.
-    interval_value_dollars : float64[N]
+    interval_value_usd : float64[N]
         Interval value, $ (module docstring); sums to the block's total value.
     starts_stay : bool[N]
         The access starts a stay of the time-to-live schedule (its previous access is
@@ -392,7 +392,7 @@ class FutureReuse:
     """
 
     block: np.ndarray
-    timestamp_s: np.ndarray
+    timestamp: np.ndarray
     next_t: np.ndarray
     next_gap_s: np.ndarray
     reuses: np.ndarray
@@ -401,11 +401,11 @@ class FutureReuse:
     reuse_tokens: np.ndarray
     bytes: np.ndarray
     gain_gpu_seconds: np.ndarray
-    gain_dollars: np.ndarray
-    cost_dollars: np.ndarray
-    value_dollars: np.ndarray
+    gain_usd: np.ndarray
+    cost_usd: np.ndarray
+    value_usd: np.ndarray
     interval_gain_gpu_seconds: np.ndarray
-    interval_value_dollars: np.ndarray
+    interval_value_usd: np.ndarray
     starts_stay: np.ndarray
     horizon_s: float
     costs: StorageCosts
@@ -422,7 +422,7 @@ class FutureReuse:
     def table(self) -> pl.DataFrame:
         """The per-access arrays as a table (for Parquet / SQL), one row per access.
 
-        Columns: ``t`` int64 (access index) · ``block`` · ``timestamp_s`` · and every
+        Columns: ``t`` int64 (access index) · ``block`` · ``timestamp`` · and every
         array attribute above under its name (units as documented there).
         """
         n = len(self)
@@ -430,7 +430,7 @@ class FutureReuse:
             {
                 "t": np.arange(n, dtype=np.int64),
                 "block": self.block.astype(np.int64, copy=False),
-                "timestamp_s": self.timestamp_s,
+                "timestamp": self.timestamp,
                 "next_t": self.next_t,
                 "next_gap_s": self.next_gap_s,
                 "reuses": self.reuses,
@@ -439,11 +439,11 @@ class FutureReuse:
                 "reuse_tokens": self.reuse_tokens,
                 "bytes": self.bytes,
                 "gain_gpu_seconds": self.gain_gpu_seconds,
-                "gain_dollars": self.gain_dollars,
-                "cost_dollars": self.cost_dollars,
-                "value_dollars": self.value_dollars,
+                "gain_usd": self.gain_usd,
+                "cost_usd": self.cost_usd,
+                "value_usd": self.value_usd,
                 "interval_gain_gpu_seconds": self.interval_gain_gpu_seconds,
-                "interval_value_dollars": self.interval_value_dollars,
+                "interval_value_usd": self.interval_value_usd,
                 "starts_stay": self.starts_stay,
             }
         )
@@ -517,10 +517,10 @@ def future_reuse(
         m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reuse_q, next_gap, interval_gain, starts_stay)
 
     return FutureReuse(
-        block=a.block, timestamp_s=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
-        hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_dollars=gain_d,
-        cost_dollars=cost, value_dollars=value, interval_gain_gpu_seconds=interval_gain,
-        interval_value_dollars=interval_value, starts_stay=starts_stay, horizon_s=horizon, costs=c,
+        block=a.block, timestamp=ts, next_t=next_t, next_gap_s=next_gap, reuses=reuses, last_reuse_t=last_t,
+        hold_s=hold, reuse_tokens=reuse_tokens, bytes=nbytes, gain_gpu_seconds=gain_s, gain_usd=gain_d,
+        cost_usd=cost, value_usd=value, interval_gain_gpu_seconds=interval_gain,
+        interval_value_usd=interval_value, starts_stay=starts_stay, horizon_s=horizon, costs=c,
         info=_info(m, g),
     )
 
@@ -551,8 +551,8 @@ def _access_values(m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reu
                    starts_stay):
     """The per-access float columns of :class:`FutureReuse` from the window counts, all
     elementwise, so a streamed run computes them chunk by chunk with the same bits:
-    (hold_s, gain_gpu_seconds, gain_dollars, cost_dollars, value_dollars,
-    interval_value_dollars)."""
+    (hold_s, gain_gpu_seconds, gain_usd, cost_usd, value_usd,
+    interval_value_usd)."""
     fbytes = nbytes.astype(np.float64)
     hold, gain_s, gain_d, cost, value = _window_values(m, g, c, horizon, fbytes, reuses, last_gap, reuse_tokens,
                                                        reuse_q)
@@ -562,7 +562,7 @@ def _access_values(m, g, c, horizon, nbytes, reuses, last_gap, reuse_tokens, reu
 
 def _window_values(m, g, c, horizon, fbytes, reuses, last_gap, reuse_tokens, reuse_q):
     """Window value columns of :func:`_access_values` (``fbytes``: float64 bytes):
-    (hold_s, gain_gpu_seconds, gain_dollars, cost_dollars, value_dollars)."""
+    (hold_s, gain_gpu_seconds, gain_usd, cost_usd, value_usd)."""
     tail = horizon if math.isfinite(horizon) else 0.0
     gain_s = _prefill_gpu_seconds(m, g, reuse_tokens, reuse_q)
     gain_d = gain_s * (g.dollars_per_hour / 3600.0)
@@ -708,15 +708,15 @@ def value_report(
           ``never_reused_access_share`` (share of accesses that touch such blocks),
           ``no_reuse_in_horizon_access_share`` (share of accesses with no reuse
           within the horizon);
-        - ``gain_gpu_seconds``, ``gain_dollars``, ``write_cost_dollars``,
-          ``read_cost_dollars``, ``occupancy_cost_dollars``, ``total_value_dollars``
+        - ``gain_gpu_seconds``, ``gain_usd``, ``write_cost_usd``,
+          ``read_cost_usd``, ``occupancy_cost_usd``, ``total_value_usd``
           (= gain - the three costs) of the time-to-live schedule;
-        - ``clairvoyant_bound_dollars``: sum of the per-block best schedules;
+        - ``clairvoyant_bound_usd``: sum of the per-block best schedules;
         - ``negative_value_bytes_share``: share of distinct bytes in blocks whose total
           value is < 0; ``positive_window_value_access_share``: share of accesses with
           a window value > 0 (what a ``value > 0`` admission would store);
-        - ``value_per_byte_quantiles``: {"p10", "p25", "p50", "p75", "p90", "p99"} of
-          the blocks' ``value_per_byte`` ($/byte), weighted by bytes (inverted CDF:
+        - ``value_usd_per_byte_quantiles``: {"p10", "p25", "p50", "p75", "p90", "p99"} of
+          the blocks' ``value_usd_per_byte`` ($/byte), weighted by bytes (inverted CDF:
           the smallest density such that that share of the bytes is at or below it).
 
         Shares and quantiles are None for a trace without accesses.
@@ -764,7 +764,7 @@ def value_report(
 
     gain_s = per_block(fr.interval_gain_gpu_seconds)
     cost = per_block(write_acc + read_acc + occ_acc)
-    total = per_block(fr.interval_value_dollars)
+    total = per_block(fr.interval_value_usd)
     clair_interval = _clairvoyant_interval(fr.info, fr.interval_gain_gpu_seconds, read_acc, occ_acc, keep)
     clair = best_keep_value(block, M, keep, clair_interval, _write_cost(c, bytes_b))
     req_ts = trace.request_timestamp
@@ -775,16 +775,16 @@ def value_report(
         "accesses": accesses,
         "horizon_hits": np.bincount(block, weights=~fr.starts_stay, minlength=M).astype(np.int64),
         "gain_gpu_seconds": gain_s,
-        "cost_dollars": cost,
-        "total_value_dollars": total,
-        "clairvoyant_value_dollars": clair,
+        "cost_usd": cost,
+        "total_value_usd": total,
+        "clairvoyant_value_usd": clair,
     }
     sums = {
-        "write_cost_dollars": float(write_acc.sum()),
-        "read_cost_dollars": float(read_acc.sum()),
-        "occupancy_cost_dollars": float(occ_acc.sum()),
+        "write_cost_usd": float(write_acc.sum()),
+        "read_cost_usd": float(read_acc.sum()),
+        "occupancy_cost_usd": float(occ_acc.sum()),
         "no_reuse": int(np.count_nonzero(~keep)),
-        "positive_window_value": int(np.count_nonzero(fr.value_dollars > 0)),
+        "positive_window_value": int(np.count_nonzero(fr.value_usd > 0)),
     }
     per_prefix_df, summary = _tables(trace, fr, N, blocks, sums, shared)
     return ValueResult(_block_table(trace, bpt, blocks), per_prefix_df, summary, fr)
@@ -816,10 +816,10 @@ def _block_bytes(trace, bpt: int, lo: int = 0, hi: int | None = None) -> np.ndar
 def _block_table(trace, bpt: int, blocks: dict) -> pl.DataFrame:
     """The per-block table (module docstring) from per-block arrays (``blocks``:
     root_block, first_seen_s, last_seen_s, accesses, horizon_hits (int64),
-    gain_gpu_seconds, cost_dollars, total_value_dollars, clairvoyant_value_dollars)."""
+    gain_gpu_seconds, cost_usd, total_value_usd, clairvoyant_value_usd)."""
     M = trace.n_blocks
     bytes_b = _block_bytes(trace, bpt)
-    accesses, total = blocks["accesses"], blocks["total_value_dollars"]
+    accesses, total = blocks["accesses"], blocks["total_value_usd"]
     return pl.DataFrame(
         {
             "block": np.arange(M, dtype=np.int64),
@@ -832,10 +832,10 @@ def _block_table(trace, bpt: int, blocks: dict) -> pl.DataFrame:
             "horizon_hits": blocks["horizon_hits"],
             "bytes": bytes_b,
             "gain_gpu_seconds": blocks["gain_gpu_seconds"],
-            "cost_dollars": blocks["cost_dollars"],
-            "total_value_dollars": total,
-            "value_per_byte": total / bytes_b,  # bytes >= 1: a block holds >= 1 token of >= 1 byte
-            "clairvoyant_value_dollars": blocks["clairvoyant_value_dollars"],
+            "cost_usd": blocks["cost_usd"],
+            "total_value_usd": total,
+            "value_usd_per_byte": total / bytes_b,  # bytes >= 1: a block holds >= 1 token of >= 1 byte
+            "clairvoyant_value_usd": blocks["clairvoyant_value_usd"],
         },
         schema_overrides={"first_seen_s": pl.Float64, "last_seen_s": pl.Float64},
     )
@@ -843,8 +843,8 @@ def _block_table(trace, bpt: int, blocks: dict) -> pl.DataFrame:
 
 def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: int = 1 << 22):
     """The per-prefix table and the summary from per-block arrays (``blocks``:
-    root_block and accesses (int32 or int64), gain_gpu_seconds, total_value_dollars,
-    clairvoyant_value_dollars), per-access totals (``sums``) and the shared root
+    root_block and accesses (int32 or int64), gain_gpu_seconds, total_value_usd,
+    clairvoyant_value_usd), per-access totals (``sums``) and the shared root
     (``shared``: :func:`shared_root`'s result); shared by the
     in-memory and streamed runs. Beyond its inputs it holds at most about three
     per-block arrays at a time (the value densities and their order; then the bytes
@@ -852,11 +852,11 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: i
     c = fr.costs
     M = trace.n_blocks
     bpt = int(fr.info["kv_bytes_per_token"])
-    accesses, gain_s, total = blocks["accesses"], blocks["gain_gpu_seconds"], blocks["total_value_dollars"]
-    clair = blocks["clairvoyant_value_dollars"]
+    accesses, gain_s, total = blocks["accesses"], blocks["gain_gpu_seconds"], blocks["total_value_usd"]
+    clair = blocks["clairvoyant_value_usd"]
     dollars_per_gpu_s = fr.info["gpu_dollars_per_hour"] / 3600.0
 
-    # value density (as the per-block table's value_per_byte) and its quantiles over bytes
+    # value density (as the per-block table's value_usd_per_byte) and its quantiles over bytes
     density = np.empty(M, dtype=np.float64)
     for lo in range(0, M, chunk):
         density[lo:lo + chunk] = total[lo:lo + chunk] / _block_bytes(trace, bpt, lo, lo + chunk)
@@ -869,7 +869,7 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: i
     families = (
         pl.DataFrame({"root_block": blocks["root_block"].astype(np.int64, copy=False), "bytes": bytes_b,
                       "accesses": accesses.astype(np.int64, copy=False), "reused": accesses > 1,
-                      "gain_gpu_seconds": gain_s, "total_value_dollars": total, "clairvoyant_value_dollars": clair})
+                      "gain_gpu_seconds": gain_s, "total_value_usd": total, "clairvoyant_value_usd": clair})
         .group_by("root_block")
         .agg(
             pl.len().cast(pl.Int64).alias("blocks"),
@@ -877,17 +877,17 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: i
             pl.col("accesses").sum(),
             pl.col("bytes").filter(~pl.col("reused")).sum().alias("never_reused_bytes"),
             pl.col("gain_gpu_seconds").sum(),
-            pl.col("total_value_dollars").sum(),
-            pl.col("clairvoyant_value_dollars").sum(),
+            pl.col("total_value_usd").sum(),
+            pl.col("clairvoyant_value_usd").sum(),
         )
-        .with_columns((pl.col("total_value_dollars") / pl.col("bytes")).alias("value_per_byte"))
+        .with_columns((pl.col("total_value_usd") / pl.col("bytes")).alias("value_usd_per_byte"))
     )
     per_prefix_df = (
         families.with_columns(
             pl.Series("root_hash", trace.block_hash[families["root_block"].to_numpy()], dtype=pl.UInt64))
         .select("root_block", "root_hash", "blocks", "bytes", "accesses", "never_reused_bytes", "gain_gpu_seconds",
-                "total_value_dollars", "value_per_byte", "clairvoyant_value_dollars")
-        .sort(["total_value_dollars", "root_block"], descending=[True, False])
+                "total_value_usd", "value_usd_per_byte", "clairvoyant_value_usd")
+        .sort(["total_value_usd", "root_block"], descending=[True, False])
     )
 
     once = accesses == 1
@@ -915,14 +915,14 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: i
         "never_reused_access_share": share(once.sum(), N),
         "no_reuse_in_horizon_access_share": share(sums["no_reuse"], N),
         "gain_gpu_seconds": float(gain_s.sum()),
-        "gain_dollars": float(gain_s.sum() * dollars_per_gpu_s),
-        "write_cost_dollars": sums["write_cost_dollars"],
-        "read_cost_dollars": sums["read_cost_dollars"],
-        "occupancy_cost_dollars": sums["occupancy_cost_dollars"],
-        "total_value_dollars": float(total.sum()),
-        "clairvoyant_bound_dollars": float(clair.sum()),
+        "gain_usd": float(gain_s.sum() * dollars_per_gpu_s),
+        "write_cost_usd": sums["write_cost_usd"],
+        "read_cost_usd": sums["read_cost_usd"],
+        "occupancy_cost_usd": sums["occupancy_cost_usd"],
+        "total_value_usd": float(total.sum()),
+        "clairvoyant_bound_usd": float(clair.sum()),
         "negative_value_bytes_share": share(bytes_b[total < 0].sum(), distinct),
         "positive_window_value_access_share": share(sums["positive_window_value"], N),
-        "value_per_byte_quantiles": quantiles,
+        "value_usd_per_byte_quantiles": quantiles,
     }
     return per_prefix_df, summary

@@ -182,7 +182,7 @@ class StreamedFutureReuse:
     Stands for :class:`kvtrace.value.FutureReuse` in the ``ValueResult`` of a streamed
     trace: the same arrays, never all in memory. :meth:`chunks` yields them chunk by
     chunk, :meth:`write_table` writes the per-access table, :meth:`values_path` the
-    ``value_dollars`` column to a file. Each runs the windows pass again (module
+    ``value_usd`` column to a file. Each runs the windows pass again (module
     docstring); the trace must stay open.
 
     Attributes
@@ -243,7 +243,7 @@ class StreamedFutureReuse:
         write_table_chunks(self.table_chunks(progress), path, metadata=metadata)
 
     def values_path(self, progress: Progress | None = None) -> Path:
-        """A file in the trace's spill directory holding ``value_dollars`` (float64, one
+        """A file in the trace's spill directory holding ``value_usd`` (float64, one
         per access, trace order): :func:`streamed_values`."""
         path = self.trace.spill / f"value-dollars-{self._key()}.f64"
         if path.exists():
@@ -252,7 +252,7 @@ class StreamedFutureReuse:
         try:
             with open(tmp, "wb") as fh:
                 for _, fr in self.chunks(progress):
-                    fr.value_dollars.astype(np.float64, copy=False).tofile(fh)
+                    fr.value_usd.astype(np.float64, copy=False).tofile(fh)
             os.replace(tmp, path)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -287,10 +287,10 @@ class StreamedFutureReuse:
                     self.model, self.gpu, self.costs, self.horizon_s, nbytes, w.reuses, w.last_gap, w.reuse_tokens,
                     w.reuse_q, next_gap, interval_gain, w.starts_stay)
                 yield lag, FutureReuse(
-                    block=lag.block, timestamp_s=lag.ts, next_t=next_t, next_gap_s=next_gap, reuses=w.reuses,
+                    block=lag.block, timestamp=lag.ts, next_t=next_t, next_gap_s=next_gap, reuses=w.reuses,
                     last_reuse_t=w.last_t, hold_s=hold, reuse_tokens=w.reuse_tokens, bytes=nbytes,
-                    gain_gpu_seconds=gain_s, gain_dollars=gain_d, cost_dollars=cost, value_dollars=value,
-                    interval_gain_gpu_seconds=interval_gain, interval_value_dollars=interval_value,
+                    gain_gpu_seconds=gain_s, gain_usd=gain_d, cost_usd=cost, value_usd=value,
+                    interval_gain_gpu_seconds=interval_gain, interval_value_usd=interval_value,
                     starts_stay=w.starts_stay, horizon_s=self.horizon_s, costs=self.costs, info=self.info)
                 if progress is not None:
                     progress(N + lag.lo + m, total)
@@ -351,9 +351,9 @@ _EMPTY = _Chunk(0, 0, np.zeros(1, np.int64), np.empty(0, np.int64), np.empty(0, 
 
 def _empty_future(f: StreamedFutureReuse) -> FutureReuse:
     i, x = np.empty(0, np.int64), np.empty(0, np.float64)
-    return FutureReuse(block=i, timestamp_s=x, next_t=i, next_gap_s=x, reuses=i, last_reuse_t=i, hold_s=x,
-                       reuse_tokens=i, bytes=i, gain_gpu_seconds=x, gain_dollars=x, cost_dollars=x, value_dollars=x,
-                       interval_gain_gpu_seconds=x, interval_value_dollars=x, starts_stay=np.empty(0, bool),
+    return FutureReuse(block=i, timestamp=x, next_t=i, next_gap_s=x, reuses=i, last_reuse_t=i, hold_s=x,
+                       reuse_tokens=i, bytes=i, gain_gpu_seconds=x, gain_usd=x, cost_usd=x, value_usd=x,
+                       interval_gain_gpu_seconds=x, interval_value_usd=x, starts_stay=np.empty(0, bool),
                        horizon_s=f.horizon_s, costs=f.costs, info=f.info)
 
 
@@ -459,7 +459,7 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
     parked = _Parked(t.spill.parent, first_req=first_req, last_req=last_req, hits=hits, cost=cost)
     del first_req, last_req, hits, cost
     blocks = {"root_block": root, "accesses": accesses, "gain_gpu_seconds": cols.pop("gain_s"),
-              "total_value_dollars": cols.pop("total"), "clairvoyant_value_dollars": cols.pop("free")}
+              "total_value_usd": cols.pop("total"), "clairvoyant_value_usd": cols.pop("free")}
     del accesses, root
     cols["positive_window_value"] = positive
     per_prefix_df, summary = _tables(t, fut, N, blocks, cols, shared)
@@ -470,7 +470,7 @@ def streamed_value_report(trace: StreamedTrace, *, model: ModelSpec | str | None
         return _block_table(t, bpt, {**blocks, "root_block": blocks["root_block"].astype(np.int64),
                                      "accesses": blocks["accesses"].astype(np.int64),
                                      "first_seen_s": ts[more["first_req"]], "last_seen_s": ts[more["last_req"]],
-                                     "horizon_hits": more["hits"].astype(np.int64), "cost_dollars": more["cost"]})
+                                     "horizon_hits": more["hits"].astype(np.int64), "cost_usd": more["cost"]})
 
     return ValueResult(per_block, per_prefix_df, summary, fut)
 
@@ -520,8 +520,8 @@ def _reduce(fut: StreamedFutureReuse, req_ts: np.ndarray, next_path: Path, flags
             no_reuse += int(np.count_nonzero(~keep))
             progress(ch.hi)
     return {"gain_s": gain_s, "cost": cost, "total": total, "free": free, "hits": hits, "first_req": first_req,
-            "last_req": last_req, "write_cost_dollars": write_sum.value,
-            "read_cost_dollars": read_sum.value, "occupancy_cost_dollars": occ_sum.value, "no_reuse": no_reuse}
+            "last_req": last_req, "write_cost_usd": write_sum.value,
+            "read_cost_usd": read_sum.value, "occupancy_cost_usd": occ_sum.value, "no_reuse": no_reuse}
 
 
 class _Parked:
@@ -567,7 +567,7 @@ def streamed_values(trace: StreamedTrace, *, model: ModelSpec | str | None = Non
     -------
     pathlib.Path
         Raw float64, native byte order, one value per access in trace order (length
-        ``trace.n_accesses``): exactly ``future_reuse(...).value_dollars`` of the
+        ``trace.n_accesses``): exactly ``future_reuse(...).value_usd`` of the
         in-memory trace, $. Read it chunk by chunk with
         ``np.fromfile(fh, dtype=np.float64, count=n)``. The same arguments on the same
         trace return the same file without a new pass.

@@ -47,7 +47,7 @@ Semantics decided here (beyond DESIGN §2)
   (one write per block read back): the write floor at the admit-all hit rate. It
   costs two replays.
 - **value>=v** reads a per-access value ($ of keeping the block after that access,
-  :attr:`kvtrace.value.FutureReuse.value_dollars`) at the block's latest access.
+  :attr:`kvtrace.value.FutureReuse.value_usd`) at the block's latest access.
   ``value_captured`` sums the values of the writes made, ``value_bound`` the positive
   values over all write opportunities (what a perfect value filter would keep).
 - **tinylfu**: count-min sketch, width = the power of two >= 4 x the flash capacity
@@ -56,10 +56,10 @@ Semantics decided here (beyond DESIGN §2)
 - **group>=p** (``group:type>=p``, ``group:tenant>=p``, ``group:turn>=p``): online
   re-reference probability of the group of the block's latest access, from the past
   only (Laplace prior 1/2).
-- **Request shares.** A request counts in ``h_dram_request`` if its first block is
+- **Request shares.** A request counts in ``dram_request_hit_rate`` if its first block is
   served from DRAM (so it equals the curve's request hit rate at ``C_d``),
-  ``h_local_request`` / ``h_flash_request`` if it is served from that tier, else
-  ``miss_request``. Token/byte/compute shares weight each usable-prefix block at the
+  ``local_request_hit_rate`` / ``flash_request_hit_rate`` if it is served from that tier, else
+  ``request_miss_rate``. Token/byte/compute shares weight each usable-prefix block at the
   *deepest tier so far in its request* (DRAM alone would not have served a DRAM block
   that follows a flash block): ``h_dram = H(C_d)`` in every unit.
 - **Response time** of a request's reusable prefix (the blocks before its first cold
@@ -69,40 +69,12 @@ Semantics decided here (beyond DESIGN §2)
   blocks beyond the usable prefix (recomputed). Every request of a configuration with
   a flash tier pays the overhead O.
 
-Summary (:attr:`WhatIfResult.summary`, one row per configuration in :func:`sweep`)
------------------------------------------------------------------------------------
-==========================================  ================================================
-config, dram_bytes, local_ssd_bytes,        the configuration (bytes per node for DRAM and
-flash_bytes, nodes, routing, policy,        local SSD; shared flash in bytes), ``eviction``
-flash_order, promotion, write_mode,         (prefix-aware/flat), ``model``,
-inclusive, eviction, model,                 ``kv_bytes_per_token`` (bytes)
-kv_bytes_per_token
-h_{dram,local,flash}_{unit}, miss_{unit},   unconditional shares, unit in ``request``,
-hit_rate_{unit}                             ``token`` (usable-prefix tokens / prompt
-                                            tokens), ``byte`` (block bytes), ``compute``
-                                            (prefill FLOPs); shares sum to 1
-block_share_{dram,local,flash,miss}         any-block decisions / block accesses
-flash_request_share                         requests reading local SSD or flash
-{flash,local}_write_bytes                   host writes into the tier, bytes
-{flash,local}_write_bytes_per_day           bytes/day over the measured span
-{flash,local}_dwpd                          drive writes per day (/ tier capacity; local:
-                                            all nodes' SSDs)
-{flash,local}_write_opportunities           blocks offered to the tier (admitted or not)
-{flash,local}_admitted_share                writes / opportunities
-{dram,local,flash}_eviction_bytes           bytes evicted from the tier
-{dram,local,flash}_read_bytes               usable-prefix bytes served by the tier
-{dram,local,flash}_read_bytes_per_s_mean    mean read bandwidth, bytes/s
-{local,flash}_read_bytes_per_s_peak         peak over windows of ``window_s``, bytes/s
-promotions, promotion_bytes                 flash hits moved/copied into DRAM
-value_captured_dollars, value_bound_dollars, value of the writes made / of every positive
-value_capture_ratio                         opportunity ($; None without values)
-gpu_seconds_saved_per_hour                  GPU-s of prefill avoided per hour (all tiers)
-gpu_seconds_saved_per_hour_flash            ... by the local SSD and flash levels
-dollars_saved_per_hour                      the same in $ (all tiers)
-service_time_{mean,p50,p90,p99,p999}_s      reusable-prefix service time per request, s
-measured_requests, measured_accesses,       after the warm-up
-measured_seconds
-==========================================  ================================================
+Summary (:attr:`WhatIfResult.summary`, one row per configuration in :func:`sweep`): the
+columns of ``kvtrace.names.TABLES["whatif"]``, each with its unit. Per unit (``request``,
+``token``, ``byte``, ``compute``) the DRAM, local SSD, flash and miss shares are
+unconditional and sum to 1 (``names.tier_rate``, ``names.MISS_OF_UNIT``); DWPD divides a
+tier's daily writes by its capacity (all nodes' SSDs for local); peaks are over windows
+of ``window_s``.
 
 Residency table (:attr:`WhatIfResult.residency`): ``tier`` (dram/local/flash) ·
 ``metric`` (``lifetime_s``: insert to exit by eviction or promotion;
@@ -114,7 +86,7 @@ blocks still resident at the end are not counted.
 Request table (:attr:`WhatIfResult.requests`, measured requests): ``request`` (row of
 the request table) · ``node`` · ``branch`` (deepest tier of its usable prefix, or
 ``miss``) · ``dram_bytes``, ``local_bytes``, ``flash_bytes`` (usable-prefix bytes
-read) · ``flash_recompute_flops`` · ``miss_recompute_flops`` · ``service_time_s``.
+read) · ``flash_recompute_flops`` · ``miss_recompute_flops`` · ``service_time_ms``.
 """
 
 from __future__ import annotations
@@ -135,6 +107,7 @@ import numpy as np
 import polars as pl
 from numba import njit
 
+from . import names
 from .config import NJIT
 from .curves import GROUPINGS, group_labels, parse_warmup, warmup_first_request
 from .distances import normalise_eviction
@@ -539,7 +512,7 @@ def _values_array(values, n: int) -> np.ndarray | Path | None:
         if path.stat().st_size != 8 * n:
             raise UsageError(f"{path.name}: expected {n} float64 values, one per block access", field="values")
         return path
-    arr = getattr(values, "value_dollars", values)
+    arr = getattr(values, "value_usd", values)
     arr = np.ascontiguousarray(arr, dtype=np.float64)
     if arr.shape != (n,):
         raise UsageError(f"expected one value per block access ({n}), got shape {arr.shape}", field="values")
@@ -835,13 +808,13 @@ def _metrics(trace, config, run: K.TierRun, fold: _RequestFold, node, first_req,
     for unit, (hits, total) in units.items():
         shares = [_div(h, total) for h in hits]
         for t, x in zip(tiers, shares):
-            out[f"h_{t}_{unit}"] = x
-        out[f"hit_rate_{unit}"] = None if total == 0 else float(sum(hits)) / float(total)
-        out[f"miss_{unit}"] = None if total == 0 else 1.0 - out[f"hit_rate_{unit}"]
+            out[names.tier_rate(t, unit)] = x
+        out[names.RATE_OF_UNIT[unit]] = None if total == 0 else float(sum(hits)) / float(total)
+        out[names.MISS_OF_UNIT[unit]] = None if total == 0 else 1.0 - out[names.RATE_OF_UNIT[unit]]
     n_acc = sum(c[f"acc_{d}"] for d in (*tiers, "miss"))
     for d in (*tiers, "miss"):
-        out[f"block_share_{d}"] = _div(c[f"acc_{d}"], n_acc)
-    out["flash_request_share"] = _div(c["req_local"] + c["req_flash"], n_req)
+        out["block_miss_rate" if d == "miss" else f"{d}_block_hit_rate"] = _div(c[f"acc_{d}"], n_acc)
+    out["ssd_reading_request_share"] = _div(c["req_local"] + c["req_flash"], n_req)
 
     def per_day(x):
         return x / seconds * _DAY_S if seconds > 0 else None
@@ -862,32 +835,32 @@ def _metrics(trace, config, run: K.TierRun, fold: _RequestFold, node, first_req,
     for i, t in enumerate(tiers):
         total = float(read_tokens[i]) * bpt
         out[f"{t}_read_bytes"] = total
-        out[f"{t}_read_bytes_per_s_mean"] = total / seconds if seconds > 0 else None
+        out[f"{t}_read_mean_bytes_per_s"] = total / seconds if seconds > 0 else None
         if t != "dram":
-            out[f"{t}_read_bytes_per_s_peak"] = float(peak[i])
+            out[f"{t}_read_peak_bytes_per_s"] = float(peak[i])
     out["promotions"] = c["promote_local"] + c["promote_flash"]
     out["promotion_bytes"] = (c["promote_local_tokens"] + c["promote_flash_tokens"]) * bpt
     if vals is not None:
-        out["value_captured_dollars"] = s["value_captured"]
-        out["value_bound_dollars"] = s["value_bound"]
+        out["value_captured_usd"] = s["value_captured"]
+        out["value_bound_usd"] = s["value_bound"]
         out["value_capture_ratio"] = _div(s["value_captured"], s["value_bound"])
     else:
-        out["value_captured_dollars"] = out["value_bound_dollars"] = out["value_capture_ratio"] = None
+        out["value_captured_usd"] = out["value_bound_usd"] = out["value_capture_ratio"] = None
 
     hours = seconds / 3600.0
     flops_all = sum(units["compute"][0])
     flops_flash = units["compute"][0][1] + units["compute"][0][2]
     out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops_all) / hours if hours > 0 else None
-    out["gpu_seconds_saved_per_hour_flash"] = gpu.gpu_seconds(flops_flash) / hours if hours > 0 else None
-    out["dollars_saved_per_hour"] = gpu.dollars(flops_all) / hours if hours > 0 else None
+    out["ssd_gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops_flash) / hours if hours > 0 else None
+    out["usd_saved_per_hour"] = gpu.dollars(flops_all) / hours if hours > 0 else None
 
     # per-request service time of the reusable prefix (DESIGN §4)
     pct = percentiles(times)
     for k, v in (("mean", "mean_s"), ("p50", "p50_s"), ("p90", "p90_s"), ("p99", "p99_s"), ("p999", "p99.9_s")):
-        out[f"service_time_{k}_s"] = pct[v]
+        out[f"service_time_{k}_ms"] = None if pct[v] is None else pct[v] * 1e3
     out["measured_requests"] = n_req
     out["measured_accesses"] = int(rs[-1] - rs[first_req]) if R else 0
-    out["measured_seconds"] = seconds
+    out["measured_duration_s"] = seconds
 
     if not requests_table:
         return out, None
@@ -901,7 +874,7 @@ def _metrics(trace, config, run: K.TierRun, fold: _RequestFold, node, first_req,
         "flash_bytes": cols[2],
         "flash_recompute_flops": cols[3],
         "miss_recompute_flops": cols[4],
-        "service_time_s": times,
+        "service_time_ms": times * 1e3,
     })
     return out, requests
 

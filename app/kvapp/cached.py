@@ -147,7 +147,7 @@ def future_values(key: str, model: str, gpu: str, horizon: str, _trace):
     from kvtrace.value import future_reuse, parse_horizon
 
     return future_reuse(_trace, model=resolve_model(model), gpu=resolve_gpu(gpu),
-                        horizon_s=parse_horizon(horizon)).value_dollars
+                        horizon_s=parse_horizon(horizon)).value_usd
 
 
 @st.cache_data(show_spinner=False, max_entries=256)

@@ -53,9 +53,9 @@ def curve(lines: pl.DataFrame, knees: pl.DataFrame, ceiling: float | None, marks
     ceiling, the knees, the tier capacities and, for a sampled curve, a +-2
     standard-error band: the layers of ``kvtrace curve --plot``
     (:func:`kvtrace.charts.capacity_layers`)."""
-    layers = capacity_layers(lines.rename({"group": "series"}), knees=knees, ceiling=ceiling, marks=marks,
+    layers = capacity_layers(lines.rename({"group_name": "series"}), knees=knees, ceiling=ceiling, marks=marks,
                              y_title=f"hit rate: {metric_label}", series_title="group",
-                             of=" of all" if lines["group"].n_unique() > 1 else "")
+                             of=" of all" if lines["group_name"].n_unique() > 1 else "")
     return alt.layer(*layers).properties(
         width="container", height=420, title=alt.TitleParams("KV-cache capacity-hit curve", subtitle=subtitle))
 

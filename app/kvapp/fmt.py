@@ -35,9 +35,9 @@ def dollars(x) -> str:
     return f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
 
 
-def ms(seconds) -> str:
-    """Seconds shown in milliseconds: ``181.0 ms``."""
-    return "-" if _missing(seconds) else f"{seconds * 1e3:,.1f} ms"
+def ms(milliseconds) -> str:
+    """Milliseconds: ``181.0 ms``."""
+    return "-" if _missing(milliseconds) else f"{milliseconds:,.1f} ms"
 
 
 def bandwidth(bytes_per_s) -> str:

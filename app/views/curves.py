@@ -8,6 +8,7 @@ from kvapp.fmt import bandwidth, dollars, format_bytes, pct
 
 from kvtrace import appdata
 from kvtrace.errors import KvtraceError
+from kvtrace.names import label
 from kvtrace.units import parse_size
 
 SAMPLE_RATES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
@@ -26,8 +27,9 @@ st.caption(f"{ctx.label}: what each cache size saves. Exact byte-LRU reuse dista
            "every capacity (`kvtrace curve`).")
 c1, c2, c3 = st.columns([2, 1, 1])
 metric_label = c1.radio("Metric", list(appdata.CURVE_METRICS), horizontal=True, key="curve_metric",
-                        help="usable-prefix tokens: prompt tokens served from cache (the headline); requests: "
-                             "requests reusing at least one block; bytes: usable-prefix bytes; compute saved: "
+                        help="prefix tokens: usable-prefix prompt tokens served from cache (the headline); requests: "
+                             "requests reusing at least one block; half-prefix requests: requests whose usable prefix "
+                             "covers at least half their prompt; prefix bytes: usable-prefix bytes; compute saved: "
                              "prefill FLOPs avoided.")
 metric = appdata.CURVE_METRICS[metric_label]
 groups = appdata.groupings(trace)
@@ -89,12 +91,13 @@ if result.display is not None and marks:
     rows = []
     for name, r in zip(marks, result.display.iter_rows(named=True)):
         rows.append({
-            "tier": name, "capacity": format_bytes(r["capacity_bytes"]), "requests": pct(r["request_hit_rate"]),
-            "usable-prefix tokens": pct(r["prefix_token_hit_rate"]), "bytes": pct(r["prefix_byte_hit_rate"]),
-            "compute saved": pct(r["compute_saved_rate"]),
-            "GPU-h saved /h": "-" if r["gpu_seconds_saved_per_hour"] is None
-            else f"{r['gpu_seconds_saved_per_hour'] / 3600:,.2f}",
-            "$ saved /h": dollars(r["dollars_saved_per_hour"]), "read BW": bandwidth(r["read_bandwidth_bytes_per_s"]),
+            "tier": name, "capacity": format_bytes(r["capacity_bytes"]),
+            **{label(m): pct(r[m]) for m in ("request_hit_rate", "prefix_token_hit_rate", "prefix_byte_hit_rate",
+                                              "compute_saved_rate")},
+            label("gpu_seconds_saved_per_hour"): "-" if r["gpu_seconds_saved_per_hour"] is None
+            else f"{r['gpu_seconds_saved_per_hour']:,.1f}",
+            label("usd_saved_per_hour"): dollars(r["usd_saved_per_hour"]),
+            label("read_mean_bytes_per_s"): bandwidth(r["read_mean_bytes_per_s"]),
         })
     st.dataframe(pl.DataFrame(rows), hide_index=True, key="at_tiers")
 
@@ -102,11 +105,10 @@ st.subheader("Knees: capacity needed to reach a share of the ceiling")
 knee_table = {"share of ceiling": []}
 for frac in sorted(set(result.knees["fraction"].to_list())):
     knee_table["share of ceiling"].append(f"{100 * frac:g}%")
-    for label, col in (("usable-prefix tokens", "prefix_token_hit_rate"), ("requests", "request_hit_rate"),
-                       ("compute saved", "compute_saved_rate")):
+    for col in ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate"):
         sel = result.knees.filter((pl.col("metric") == col) & (pl.col("fraction") == frac))
         cap = sel["capacity_bytes"][0] if sel.height else None
-        knee_table.setdefault(label, []).append(
+        knee_table.setdefault(label(col), []).append(
             "-" if cap is None else f"{format_bytes(cap)} ({pct(sel['target_rate'][0])})")
 st.dataframe(pl.DataFrame(knee_table), hide_index=True, key="knees")
 st.caption(f"{info['measured_accesses']:,} accesses measured, {info['distinct_blocks']:,} distinct blocks "

@@ -154,13 +154,13 @@ with st.container(border=True):
                    "the closest one's, not a recommendation."
                    + ("\n\n**What would meet them:**\n" + "\n".join(f"- {_md(n)}" for n in rec.needed)
                       if rec.needed else ""), icon=":material/warning:")
-    inc, before_p99, before_mean = (fig.get("incremental_monthly_usd"), fig.get("before_p99_ms"),
-                                    fig.get("before_mean_ms"))
-    p99, mean = fig.get("p99_ms"), fig.get("mean_ms")
+    inc, before_p99, before_mean = (fig.get("incremental_cost_usd_per_month"), fig.get("before_service_time_p99_ms"),
+                                    fig.get("before_service_time_mean_ms"))
+    p99, mean = fig.get("service_time_p99_ms"), fig.get("service_time_mean_ms")
     m = st.columns(5)
-    m[0].metric("monthly cost", dollars(fig.get("monthly_cost_usd")), delta_color="inverse",
+    m[0].metric("monthly cost", dollars(fig.get("cost_usd_per_month")), delta_color="inverse",
                 delta=None if inc is None else f"{'+' if inc >= 0 else ''}{dollars(inc)} vs today")
-    m[1].metric("net benefit per month", dollars(fig.get("net_monthly_usd")))
+    m[1].metric("net benefit per month", dollars(fig.get("net_usd_per_month")))
     m[2].metric("P99 reusable-prefix time", "-" if p99 is None else f"{p99:,.1f} ms", delta_color="inverse",
                 delta=None if None in (p99, before_p99) else f"{p99 - before_p99:+,.1f} ms vs today")
     m[3].metric("mean reusable-prefix time", "-" if mean is None else f"{mean:,.1f} ms", delta_color="inverse",
@@ -186,11 +186,12 @@ st.dataframe(
         "candidate": [CANDIDATE_TEXT.get(c, c) for c in t["candidate"]],
         "configuration": [c or "-" for c in t["config"]],
         "admission": [p or "-" for p in t["policy"]],
-        "h_D": [pct(x) for x in t["h_dram"]], "h_F": [pct(x) for x in t["h_flash"]],
-        "mean": ["-" if x is None else f"{x:,.1f} ms" for x in t["mean_ms"]],
-        "P99": ["-" if x is None else f"{x:,.1f} ms" for x in t["p99_ms"]],
-        "$/month": [dollars(x) for x in t["monthly_cost_usd"]],
-        "net $/month": [dollars(x) for x in t["net_monthly_usd"]],
+        "DRAM": [pct(x) for x in t["dram_prefix_token_hit_rate"]],
+        "SSD/flash": [pct(x) for x in t["ssd_prefix_token_hit_rate"]],
+        "mean": ["-" if x is None else f"{x:,.1f} ms" for x in t["service_time_mean_ms"]],
+        "P99": ["-" if x is None else f"{x:,.1f} ms" for x in t["service_time_p99_ms"]],
+        "$/month": [dollars(x) for x in t["cost_usd_per_month"]],
+        "net $/month": [dollars(x) for x in t["net_usd_per_month"]],
         "break-even": [pct(x) for x in t["break_even_realisation"]],
         "feasible": ["yes" if f else "no" for f in t["feasible"]],
         "reasons": [r or "" for r in t["reasons"]],

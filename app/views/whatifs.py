@@ -111,21 +111,22 @@ for r in table.iter_rows(named=True):  # the columns of `kvtrace whatif`'s table
     dwpd = r["flash_dwpd"] if r["flash_dwpd"] is not None else r["local_dwpd"]
     writes = r["flash_write_bytes_per_day"]
     rows_shown.append({
-        "config": r["config"], "DRAM": pct(r["h_dram_token"]),
-        "flash": pct((r["h_flash_token"] or 0.0) + (r["h_local_token"] or 0.0)), "miss": pct(r["miss_token"]),
-        "compute saved": pct(r["hit_rate_compute"]),
-        "p50": ms(r["service_time_p50_s"]), "p99": ms(r["service_time_p99_s"]),
-        "$ saved /h": dollars(r["dollars_saved_per_hour"]),
+        "config": r["config"], "DRAM": pct(r["dram_prefix_token_hit_rate"]),
+        "SSD/flash": pct((r["flash_prefix_token_hit_rate"] or 0.0) + (r["local_prefix_token_hit_rate"] or 0.0)),
+        "miss": pct(r["prefix_token_miss_rate"]),
+        "compute saved": pct(r["compute_saved_rate"]),
+        "p50": ms(r["service_time_p50_ms"]), "p99": ms(r["service_time_p99_ms"]),
+        "$ saved /h": dollars(r["usd_saved_per_hour"]),
         "flash writes/day": "-" if writes is None else format_bytes(writes),
         "DWPD": "-" if dwpd is None else f"{dwpd:.2f}",
-        "flash read mean": bandwidth(r["flash_read_bytes_per_s_mean"]),
-        "peak": bandwidth(r["flash_read_bytes_per_s_peak"]), "promotions": num(r["promotions"] or 0),
+        "flash read mean": bandwidth(r["flash_read_mean_bytes_per_s"]),
+        "peak": bandwidth(r["flash_read_peak_bytes_per_s"]), "promotions": num(r["promotions"] or 0),
     })
 display = pl.DataFrame(rows_shown)
 # the latency percentiles next to the hit shares, the narrow columns narrow: every column fits 1,280 px
 st.dataframe(display, hide_index=True, key="comparison", column_config={
     "config": st.column_config.TextColumn(pinned=True, width="medium"),
-    **{c: st.column_config.TextColumn(width="small") for c in ("DRAM", "flash", "miss", "p50", "p99", "DWPD")}})
+    **{c: st.column_config.TextColumn(width="small") for c in ("DRAM", "SSD/flash", "miss", "p50", "p99", "DWPD")}})
 d1, d2, _ = st.columns([1, 1, 3])
 d1.download_button("Download table (CSV)", table.write_csv(), file_name="whatif.csv", mime="text/csv")
 d2.download_button("Download table (JSON)", json.dumps(_json_safe({"configs": table.to_dicts()}), indent=2),

@@ -13,9 +13,9 @@ SELECT
     bytes / 2^30 AS gib,
     accesses,
     never_reused_bytes / bytes AS never_reused_share,
-    total_value_dollars,
-    value_per_byte * 1e12 AS dollars_per_tb,
-    clairvoyant_value_dollars
+    total_value_usd,
+    value_usd_per_byte * 1e12 AS dollars_per_tb,
+    clairvoyant_value_usd
 FROM prefixes
-ORDER BY total_value_dollars DESC, root_block
+ORDER BY total_value_usd DESC, root_block
 LIMIT coalesce(getvariable('top'), 10);

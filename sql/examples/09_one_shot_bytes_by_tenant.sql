@@ -11,7 +11,7 @@ SELECT
     CAST(sum(bytes) AS BIGINT) AS bytes,
     CAST(coalesce(sum(bytes) FILTER (WHERE NOT reused), 0) AS BIGINT) AS one_shot_bytes,
     coalesce(sum(bytes) FILTER (WHERE NOT reused), 0) / sum(bytes) AS one_shot_share,
-    sum(total_value_dollars) AS total_value_dollars
+    sum(total_value_usd) AS total_value_usd
 FROM blocks
 GROUP BY ALL
 ORDER BY bytes DESC, tenant;
