@@ -50,7 +50,8 @@ def _app_env(monkeypatch):
     """As ``streamlit run`` does: the entry file's directory on sys.path; no launch trace."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
     for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES):
+              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
+              appdata.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
 
 

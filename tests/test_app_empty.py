@@ -29,7 +29,8 @@ TRACES = {
 def trace_file(request, tmp_path, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(ENTRY.parent))
     for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES):
+              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
+              appdata.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
     path = tmp_path / f"{request.param}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in TRACES[request.param]))

@@ -34,7 +34,8 @@ def data(monkeypatch, tmp_path) -> Path:
     """The data directory ``tmp_path/data``; a planted secret next to it, outside."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
     for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES):
+              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
+              appdata.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
     root = tmp_path / "data"
     root.mkdir()

@@ -99,3 +99,44 @@ def test_a_chat_log_runs_end_to_end(tmp_path):
     assert res.exit_code == 2  # an option value: a usage error
     assert len(res.stderr.strip().splitlines()) == 1
     assert "a local Hugging Face tokenizer; nothing is downloaded" in res.stderr
+
+
+def test_a_streamed_token_log_equals_the_in_memory_run(token_log, tmp_path):
+    args = ["--format", "tokens", "--tokens-field", "ids", "--time-field", "ts_ms", "--salt-field", "salt"]
+    for cmd, extra in (("curve", ["--points", "25"]), ("whatif", ["--dram", "64MiB", "--flash", "1GiB"]),
+                       ("value", [])):
+        outs = []
+        for mode in ("--stream", "--no-stream"):
+            out = tmp_path / f"{cmd}{mode}.csv"
+            res = run(cmd, token_log, *args, *extra, mode, "--out", out)
+            assert res.exit_code == 0, (cmd, mode, res.stderr)
+            assert ("streaming log.jsonl" in res.stderr) == (mode == "--stream")
+            outs.append(pl.read_csv(out))
+        assert outs[0].equals(outs[1]), cmd
+    stats = [json.loads(run("stats", token_log, *args, mode, "--json", "-").stdout)["summary"]
+             for mode in ("--stream", "--no-stream")]
+    assert {k: v for k, v in stats[0].items() if k != "warnings"} == {k: v for k, v in stats[1].items()
+                                                                      if k != "warnings"}
+
+
+def test_ingest_hashes_a_token_log_chunk_by_chunk_and_sorts_an_unsorted_one(token_log, tmp_path):
+    args = ["--format", "tokens", "--tokens-field", "ids", "--time-field", "ts_ms", "--salt-field", "salt"]
+    out = tmp_path / "t.parquet"
+    res = run("ingest", token_log, *args, "-o", out)
+    assert res.exit_code == 0, res.stderr
+    assert "hashed chunk by chunk" in res.stdout
+    trace, _ = load_token_trace(token_log, fields=TokenFields(tokens="ids", timestamp="ts_ms", cache_salt="salt"))
+    again = load_trace(out)
+    assert again.requests.drop("timestamp").equals(trace.requests.drop("timestamp"))
+    assert again.requests["timestamp"].to_list() == pytest.approx(trace.requests["timestamp"].to_list(), abs=1e-9)
+    # a log out of arrival order: refused by a streamed run (with its line), sorted by ingest in memory
+    rows = [json.loads(x) for x in token_log.read_text().splitlines()]
+    rows[10], rows[11] = rows[11], rows[10]
+    bad = tmp_path / "unsorted.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run("curve", bad, *args, "--stream")
+    assert res.exit_code == 1 and "unsorted.jsonl:12: field 'ts_ms': timestamps go back in time" in res.stderr
+    res = run("ingest", bad, *args, "-o", tmp_path / "u.parquet")
+    assert res.exit_code == 0 and "requests sorted stably by time" in res.stderr
+    assert load_trace(tmp_path / "u.parquet").requests["block_ids"].to_list() == \
+        trace.requests["block_ids"].to_list()

@@ -5,15 +5,18 @@ CLI calls (:func:`kvtrace.stats.trace_stats`, :func:`kvtrace.curves.compute_curv
 :func:`kvtrace.whatif.simulate`, ...) lives here:
 
 - **trace sources**: the bundled samples, an uploaded file (bytes) or a server-side
-  path, read with :func:`kvtrace.ingest.load_trace` like every command. A source is
-  identified by the SHA-256 of its bytes plus the load options (:attr:`Loaded.key`),
-  the key the app's caches use together with the analysis parameters. A source that
-  cannot be read gives a one-line error (:attr:`Loaded.error`), never a traceback;
+  path, read with :func:`kvtrace.ingest.load_trace` like every command, request logs
+  (``tokens``, ``openai``) with the commands' request-log options
+  (:attr:`LoadOptions.log`, :func:`log_options_from_form`). A source is identified by
+  the SHA-256 of its bytes plus the load options (:attr:`Loaded.key`), the key the
+  app's caches use together with the analysis parameters. A source that cannot be
+  read gives a one-line error (:attr:`Loaded.error`), never a traceback;
 - **the rules a browser is held to**: anyone who can open the page chooses what the
-  server reads, so a server path is confined to the data directory (``kvtrace app
-  --data-dir``; :func:`server_path`), sources are refused above a size limit before
-  they are read (``--max-trace-bytes``), and the page's error lines name the structure
-  that was expected, never content of the file (:func:`error_line`);
+  server reads, so a server path, and a chat log's tokenizer and template, are
+  confined to the data directory (``kvtrace app --data-dir``; :func:`server_path`,
+  :func:`server_log_file`), sources are refused above a size limit before they are
+  read (``--max-trace-bytes``), and the page's error lines name the structure that was
+  expected, never content of the file (:func:`error_line`);
 - **chart tables**: small Polars tables (arrivals per minute, length and reuse-time
   histograms, curve lines per metric and group, latency percentiles) shaped from the
   library's results. They add no figures of their own: the tests check each against
@@ -39,6 +42,9 @@ import polars as pl
 
 from .curves import GROUPINGS, KNEE_METRICS, CurveResult
 from .errors import KvtraceError
+from .ingest import LOG_FORMATS, LogOptions
+from .ingest.tokens import TIME_UNITS, TokenFields
+from .ingest.vllm_hash import HASH_FUNCTIONS
 from .names import label
 from .trace import Trace
 from .units import format_bytes, parse_size
@@ -50,6 +56,7 @@ ENV_BLOCK_TOKENS = "KVTRACE_APP_BLOCK_TOKENS"
 ENV_SHARE_TENANTS = "KVTRACE_APP_SHARE_TENANTS"
 ENV_DATA_DIR = "KVTRACE_APP_DATA_DIR"
 ENV_MAX_TRACE_BYTES = "KVTRACE_APP_MAX_TRACE_BYTES"
+ENV_LOG_OPTIONS = "KVTRACE_APP_LOG_OPTIONS"  # JSON of the request-log options (LogOptions)
 ENV_SAMPLES = "KVTRACE_SAMPLES"  # a directory of sample traces instead of the bundled one
 #: Default of ``kvtrace app --max-trace-bytes``: the largest trace file (or directory of
 #: shards, or upload) the dashboard reads.
@@ -89,28 +96,158 @@ class LoadOptions:
     Attributes
     ----------
     fmt : str
-        ``auto``, ``mooncake``, ``bailian``, ``parquet`` or ``csv``.
+        ``auto``, ``mooncake``, ``bailian``, ``parquet``, ``csv``, or a request log:
+        ``tokens`` or ``openai``.
     block_tokens : int or None
-        Tokens per block (None: the format's default).
+        Tokens per block (None: the format's default; vLLM's 16 for request logs).
     share_tenants : bool
         Equal hashes in different tenants are the same block.
+    log : LogOptions or None
+        The request-log options (``--tokens-field`` ... ``--chat-template``), passed to
+        :func:`kvtrace.ingest.load_trace` as ``log``; None: the defaults.
     """
 
     fmt: str = "auto"
     block_tokens: int | None = None
     share_tenants: bool = False
+    log: LogOptions | None = None
 
     @property
     def tag(self) -> str:
-        return f"{self.fmt}/{self.block_tokens or 'default'}/{'shared' if self.share_tenants else 'split'}"
+        """The options in a trace's cache key: ``fmt/block size/tenants``, then, when
+        request-log options other than the defaults are set, ``log-<digest>``
+        (:func:`log_digest`)."""
+        tag = f"{self.fmt}/{self.block_tokens or 'default'}/{'shared' if self.share_tenants else 'split'}"
+        if self.log is not None and self.log != LogOptions():
+            tag += f"/log-{log_digest(self.log)}"
+        return tag
+
+
+#: The request-log options each log format reads (the parameter names of
+#: :meth:`kvtrace.ingest.LogOptions.from_options`, as the commands' options are named).
+LOG_FIELDS = {
+    "tokens": ("tokens_field", "time_field", "salt_field", "lora_field", "time_unit", "hash_fn", "hash_seed"),
+    "openai": ("tokenizer", "chat_template", "time_unit", "hash_fn", "hash_seed"),
+}
+#: The request-log options that take one of a few values, and those values.
+LOG_CHOICES = {"time_unit": TIME_UNITS, "hash_fn": HASH_FUNCTIONS}
+#: Request-log options that name a file the server reads: confined as a trace is (:func:`server_log_file`).
+LOG_PATHS = ("tokenizer", "chat_template")
+
+
+def log_form_values(log: LogOptions | None = None) -> dict[str, str]:
+    """Every request-log option of :data:`LOG_FIELDS` as form text (unset: "")."""
+    log = log or LogOptions()
+    out = {opt: getattr(log.fields, attr) for opt, attr in LogOptions.FIELD_OPTIONS.items()}
+    out.update({k: getattr(log, k) for k in ("time_unit", "hash_fn", "hash_seed", *LOG_PATHS)})
+    return {k: "" if v is None else str(v) for k, v in out.items()}
+
+
+def log_options_from_form(fmt: str, values: dict[str, str], root: str | os.PathLike, *, max_bytes: int,
+                          base: LogOptions | None = None) -> LogOptions | None:
+    """The request-log options typed in the page, for a trace read as ``fmt``.
+
+    Parameters
+    ----------
+    fmt : str
+        The format chosen; only a log format's own options (:data:`LOG_FIELDS`) are
+        read from ``values``.
+    values : dict
+        Option name (``tokens_field``, ``tokenizer``, ...) -> text; empty text is the
+        option's default. The tokenizer and chat template are paths under ``root``
+        (:func:`server_log_file`).
+    root : path-like
+        The data directory.
+    max_bytes : int
+        Size limit in bytes of a tokenizer's files, of a chat template.
+    base : LogOptions, optional
+        The options ``kvtrace app`` was launched with: what the page does not show is
+        kept from them.
+
+    Returns
+    -------
+    LogOptions or None
+        ``base`` unchanged when ``fmt`` is not a request log.
+
+    Raises
+    ------
+    KvtraceError
+        A tokenizer or template outside ``root``, not a regular file, or too large.
+    """
+    if fmt not in LOG_FORMATS:
+        return base
+    default = LogOptions()
+    log = base or default
+    fields, others = {}, {}
+    for opt in LOG_FIELDS[fmt]:
+        text = str(values.get(opt) or "").strip()
+        if opt in LogOptions.FIELD_OPTIONS:
+            attr = LogOptions.FIELD_OPTIONS[opt]
+            fields[attr] = text or getattr(default.fields, attr)
+        elif opt in LOG_PATHS:
+            others[opt] = str(server_log_file(text, root, option=opt, max_bytes=max_bytes)) if text else None
+        else:
+            others[opt] = text or getattr(default, opt)
+    return dataclasses.replace(log, fields=dataclasses.replace(log.fields, **fields), **others)
+
+
+def log_digest(log: LogOptions) -> str:
+    """16 hex digits naming request-log options and the bytes they read: the options'
+    values, and the (path, size, mtime) of each file of the tokenizer and template, so
+    that a tokenizer edited in place gives another key."""
+    values = dataclasses.asdict(log)
+    files = [(f, *_size_mtime(f)) for f in _log_files(log)]
+    text = json.dumps({"options": values, "files": files}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogateescape")).hexdigest()[:16]
+
+
+def _size_mtime(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return -1, -1
+    return int(st.st_size), int(st.st_mtime_ns)
+
+
+def _log_files(log: LogOptions) -> list[str]:
+    out = _tokenizer_files(log.tokenizer) if log.tokenizer else []
+    return out + ([log.chat_template] if log.chat_template else [])
+
+
+def _tokenizer_files(path: str | os.PathLike) -> list[str]:
+    """The files :func:`kvtrace.ingest.chat_template.load_chat_tokenizer` reads for a
+    tokenizer directory or ``tokenizer.json`` file: the tokenizer, its config, its
+    ``chat_template.jinja`` and ``additional_chat_templates/*.jinja`` (those present)."""
+    p = os.fspath(path)
+    tok = os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p
+    folder = os.path.dirname(tok)
+    extra = os.path.join(folder, "additional_chat_templates")
+    try:
+        named = sorted(os.path.join(extra, n) for n in os.listdir(extra) if n.endswith(".jinja"))
+    except OSError:  # none, or unreadable: the loader reads none either
+        named = []
+    found = [f for f in (os.path.join(folder, "tokenizer_config.json"), os.path.join(folder, "chat_template.jinja"))
+             if os.path.lexists(f)]
+    return [tok, *found, *named]
+
+
+def _log_to_json(log: LogOptions) -> str:
+    return json.dumps(dataclasses.asdict(log), sort_keys=True)
+
+
+def _log_from_json(text: str) -> LogOptions:
+    d = json.loads(text)
+    return LogOptions(fields=TokenFields(**d.pop("fields", {})), **d)
 
 
 def launch_options() -> tuple[Path | None, LoadOptions]:
     """The trace and load options ``kvtrace app TRACE`` passed in the environment."""
     path = os.environ.get(ENV_TRACE) or None
     bt = os.environ.get(ENV_BLOCK_TOKENS) or None
+    log = os.environ.get(ENV_LOG_OPTIONS) or None
     opts = LoadOptions(fmt=os.environ.get(ENV_FORMAT) or "auto", block_tokens=int(bt) if bt else None,
-                       share_tenants=os.environ.get(ENV_SHARE_TENANTS) == "1")
+                       share_tenants=os.environ.get(ENV_SHARE_TENANTS) == "1",
+                       log=_log_from_json(log) if log else None)
     return (Path(path) if path else None), opts
 
 
@@ -177,13 +314,7 @@ def server_path(text: str, root: str | os.PathLike, *, max_bytes: int) -> Path:
         Outside ``root``, missing, not a regular file or directory, or too large.
     """
     root_real = os.path.realpath(root)
-    try:
-        real = os.path.realpath(os.path.join(root_real, text))
-    except ValueError:  # an embedded NUL
-        raise KvtraceError("not a valid path", path=repr(text)) from None
-    if not _inside(real, root_real):  # checked first: outside, existing or not, is one answer
-        raise KvtraceError(f"outside the data directory {root_real}: the dashboard reads traces under it only "
-                           "(kvtrace app --data-dir)", path=text)
+    real = _resolve_inside(text, root_real, "traces")
     try:
         st = os.stat(real)
     except FileNotFoundError:
@@ -199,6 +330,59 @@ def server_path(text: str, root: str | os.PathLike, *, max_bytes: int) -> Path:
                            "of JSONL shards", path=text)
     if size > max_bytes:
         raise KvtraceError(_over_limit(size, max_bytes), path=text)
+    return Path(real)
+
+
+def _resolve_inside(text: str, root_real: str, what: str, field: str | None = None) -> str:
+    """``text`` resolved under ``root_real`` (:func:`os.path.realpath`), refused when outside it."""
+    try:
+        real = os.path.realpath(os.path.join(root_real, text))
+    except ValueError:  # an embedded NUL
+        raise KvtraceError("not a valid path", path=repr(text), field=field) from None
+    if not _inside(real, root_real):  # checked first: outside, existing or not, is one answer
+        raise KvtraceError(f"outside the data directory {root_real}: the dashboard reads {what} under it only "
+                           "(kvtrace app --data-dir)", path=text, field=field)
+    return real
+
+
+def server_log_file(text: str, root: str | os.PathLike, *, option: str, max_bytes: int) -> Path:
+    """The tokenizer (``option="tokenizer"``) or chat template (``"chat_template"``)
+    a path typed in the page names, or a one-line refusal.
+
+    Confined as :func:`server_path` confines a trace: resolved under ``root`` and
+    inside it; a tokenizer directory's files (the ones the tokenizer loader reads, as
+    a directory's shards are checked) and a template must be regular files inside
+    ``root`` too, together at most ``max_bytes``. A path that does not exist is
+    returned resolved: the loader's own line says what to pass. Nothing is opened.
+
+    Raises
+    ------
+    KvtraceError
+        Outside ``root``, not a regular file or directory, or too large; the message
+        names the path as typed and the option.
+    """
+    root_real = os.path.realpath(root)
+    real = _resolve_inside(text, root_real, "files", option)
+    if not os.path.lexists(real):
+        return Path(real)
+    files = _tokenizer_files(real) if option == "tokenizer" else [real]
+    folder = real if os.path.isdir(real) else os.path.dirname(real)
+    size = 0
+    for f in files:
+        f_real = os.path.realpath(f)
+        name = os.path.relpath(f, folder)
+        if not _inside(f_real, root_real):
+            raise KvtraceError(f"{name} is outside the data directory {root_real}", path=text, field=option)
+        try:
+            st = os.stat(f_real)
+        except FileNotFoundError:
+            continue  # the loader says what is missing
+        if not stat.S_ISREG(st.st_mode):
+            expected = "a tokenizer directory or tokenizer.json" if option == "tokenizer" else "a template file"
+            raise KvtraceError(f"{name} is not a regular file: expected {expected}", path=text, field=option)
+        size += st.st_size
+    if size > max_bytes:
+        raise KvtraceError(_over_limit(size, max_bytes), path=text, field=option)
     return Path(real)
 
 
@@ -382,7 +566,7 @@ def _load(path: str, options: LoadOptions) -> Trace:
     # workload "stats" (the first page): the memory guard bounds decompression and refuses
     # a trace that would not fit before parsing it
     return load_trace(path, fmt=options.fmt, block_tokens=options.block_tokens,
-                      share_tenants=options.share_tenants, workload="stats")
+                      share_tenants=options.share_tenants, workload="stats", log=options.log)
 
 
 def load_file(path: str | os.PathLike, options: LoadOptions = LoadOptions(), *, digest: str | None = None,
@@ -771,6 +955,16 @@ def sizing_table(result, lens: str) -> pl.DataFrame:
 # --------------------------------------------------------------------------- launch
 
 
+def _launch_log_file(given: str, root: str, option: str) -> str:
+    """A tokenizer or template given to ``kvtrace app``, resolved; refused outside ``root``."""
+    real = os.path.realpath(Path(given).expanduser())
+    if not _inside(real, root):
+        raise KvtraceError(f"outside --data-dir {root}: the dashboard reads files under it only (give a --data-dir "
+                           f"that holds the trace and the {option.replace('_', ' ')})", path=given,
+                           field=option.replace("_", "-"))
+    return real
+
+
 def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 8501, headless: bool = False,
                       options: LoadOptions = LoadOptions(), data_dir: str | os.PathLike | None = None,
                       max_trace_bytes: int = DEFAULT_MAX_TRACE_BYTES) -> tuple[list[str], dict[str, str]]:
@@ -785,7 +979,8 @@ def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 850
     headless : bool
         Do not open a browser tab.
     options : LoadOptions
-        How to read ``trace``.
+        How to read ``trace``; a request log's tokenizer and chat template (relative:
+        to the working directory, as on the command line) must be under ``data_dir``.
     data_dir : path-like, optional
         The directory server paths typed in the page are confined to (default: the
         directory of ``trace``, else the sample traces' directory).
@@ -797,20 +992,23 @@ def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 850
     -------
     (argv, env)
         ``python -m streamlit run app/kvtrace_app.py ...`` and the environment that
-        passes the trace, the data directory and the limit to the app.
+        passes the trace, its load options (request-log options as JSON in
+        ``$KVTRACE_APP_LOG_OPTIONS``), the data directory and the limit to the app.
 
     Raises
     ------
     KvtraceError
-        The trace does not exist or is outside ``data_dir``, ``data_dir`` is not a
-        directory, or this copy of kvtrace has no ``app/`` directory.
+        The trace does not exist or it, the tokenizer or the chat template is outside
+        ``data_dir``, ``data_dir`` is not a directory, or this copy of kvtrace has no
+        ``app/`` directory.
     """
     import sys
 
     if not APP_ENTRY.is_file():
         raise KvtraceError("the dashboard (app/) is not installed with this copy of kvtrace: run kvtrace app "
                            "from a source checkout (pip install -e .)", path=str(APP_ENTRY))
-    ours = (ENV_TRACE, ENV_FORMAT, ENV_BLOCK_TOKENS, ENV_SHARE_TENANTS, ENV_DATA_DIR, ENV_MAX_TRACE_BYTES)
+    ours = (ENV_TRACE, ENV_FORMAT, ENV_BLOCK_TOKENS, ENV_SHARE_TENANTS, ENV_DATA_DIR, ENV_MAX_TRACE_BYTES,
+            ENV_LOG_OPTIONS)
     env = {k: v for k, v in os.environ.items() if k not in ours}
     if max_trace_bytes < 1:
         raise KvtraceError(f"expected at least one byte, got {max_trace_bytes}", field="max-trace-bytes")
@@ -828,7 +1026,12 @@ def streamlit_command(trace: str | os.PathLike | None = None, *, port: int = 850
         if not _inside(real, root):
             raise KvtraceError(f"outside --data-dir {root}: the dashboard reads traces under it only", path=str(trace))
         env[ENV_TRACE] = real
-    env[ENV_DATA_DIR] = root or str(data_dir_default())
+    root = root or str(data_dir_default())
+    env[ENV_DATA_DIR] = root
+    log = options.log
+    if log is not None and log != LogOptions():
+        paths = {k: _launch_log_file(getattr(log, k), root, k) for k in LOG_PATHS if getattr(log, k)}
+        env[ENV_LOG_OPTIONS] = _log_to_json(dataclasses.replace(log, **paths))
     env[ENV_MAX_TRACE_BYTES] = str(int(max_trace_bytes))
     env[ENV_FORMAT] = options.fmt
     if options.block_tokens:

@@ -241,20 +241,31 @@ def with_log_options(fn: Callable) -> Callable:
     extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                default=typer.Option(None, opt, help=text, rich_help_panel="Request logs"))
              for name, opt, text in _LOG_PARAMS]
+    extra += [
+        inspect.Parameter("rechain", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--rechain", rich_help_panel="Block ids",
+            help="The trace hashes each block on its own: chain its ids so that a block is reused only after "
+                 "the same prefix (kvtrace stats reports whether a trace is chained).")),
+        inspect.Parameter("reblock", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[int], default=typer.Option(
+            None, "--reblock", min=1, max=1 << 20, rich_help_panel="Block ids",
+            help="Coarsen the trace to N tokens per block, a whole multiple of its own (what if the engine used "
+                 "larger blocks); on a canonical Parquet trace --block-tokens N does the same.")),
+    ]
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         from .ingest import LogOptions
 
         given = {name: kwargs.pop(name, None) for name, _, _ in _LOG_PARAMS}
-        token = _LOG_OPTIONS.set(LogOptions.from_options(**given))
+        token = _LOG_OPTIONS.set(LogOptions.from_options(**given, rechain=kwargs.pop("rechain", False),
+                                                         reblock=kwargs.pop("reblock", None)))
         try:
             return fn(*args, **kwargs)
         finally:
             _LOG_OPTIONS.reset(token)
 
     wrapper.__signature__ = sig.replace(parameters=list(sig.parameters.values()) + extra)
-    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), **{p.name: Optional[str] for p in extra}}
+    wrapper.__annotations__ = {**getattr(fn, "__annotations__", {}), **{p.name: p.annotation for p in extra}}
     return wrapper
 
 
@@ -284,6 +295,11 @@ class SynthKind(str, Enum):
     agent = "agent"
     rag = "rag"
     mixed = "mixed"
+
+
+class ExportFmt(str, Enum):
+    mooncake = "mooncake"
+    bailian = "bailian"
 
 
 class SynthFmt(str, Enum):
@@ -372,24 +388,44 @@ def _write_json(path: str, obj) -> None:
 @with_log_options
 def ingest(
     src: Path = typer.Argument(..., parser=_path, help="Trace: Mooncake/Bailian JSONL (gzip/zstd ok, or a directory of shards), Parquet or CSV."),
-    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Canonical Parquet to write."),
+    out: Path = typer.Option(..., "--out", "-o", parser=_path, help="Canonical Parquet to write (a .jsonl with "
+                                                                       "--anonymize)."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
+    anonymize: bool = typer.Option(False, "--anonymize", help="Write a shareable JSONL instead: dense block ids, "
+                                                              "trace-relative times, lengths; no tokens or text."),
+    to: ExportFmt = typer.Option(ExportFmt.mooncake, "--to", help="The --anonymize format: mooncake or bailian."),
 ) -> None:
     """Convert a trace to kvtrace's canonical Parquet (request table + metadata).
 
     Every other command reads the source formats directly; ingest once to skip
-    re-parsing large JSONL files.
+    re-parsing large JSONL files (and hashing or tokenizing request logs).
     """
-    from .ingest import distinct_blocks, load_requests, write_canonical
+    from .ingest import build_trace, distinct_blocks, load_requests, write_canonical
 
+    if anonymize and out.suffix != ".jsonl":
+        raise UsageError(f"--anonymize writes JSONL: name the output .jsonl, got '{out.name}'", field="out")
     _check_paths({"out": out}, {"TRACE": src})
     t0 = time.perf_counter()
+    log = _log_options()
+    if fmt.value == "tokens" and not (anonymize or log.rechain or log.reblock) and _ingest_token_log(
+            src, out, block_tokens, share_tenants, log, t0):
+        return
     df, meta, warnings = load_requests(src, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
-                                       workload="ingest", log=_log_options())
+                                       workload="ingest", log=log)
     for w in warnings:
         err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
+    if anonymize:
+        from .ingest.anonymize import write_anonymized
+
+        n = write_anonymized(build_trace(df, meta, []), out, to.value)
+        native = {"mooncake": 512, "bailian": 16}[to.value]
+        again = "" if meta.block_tokens == native else f" --block-tokens {meta.block_tokens}"
+        console.print(f"wrote {out}: {n:,} requests as anonymised {to.value} JSONL ({meta.block_tokens} tokens/block) "
+                      f"in {time.perf_counter() - t0:.2f} s; read it back with `kvtrace curve {out.name}{again}`",
+                      soft_wrap=True, markup=False)
+        return
     write_canonical(df, meta, out)
     # the counts need only the dense-id table, not the access table: a lower peak of memory
     n_acc = int(df["block_ids"].list.len().sum())
@@ -401,6 +437,36 @@ def ingest(
         f"in {dt:.2f} s",
         soft_wrap=True,
     )
+
+
+def _ingest_token_log(src: Path, out: Path, block_tokens: Optional[int], share_tenants: bool, log,
+                      t0: float) -> bool:
+    """Hash a token log chunk by chunk into ``out`` (memory: one chunk); False when its
+    timestamps go back (then the in-memory read sorts it)."""
+    import pyarrow.parquet as pq
+
+    from .ingest.tokens import UnsortedLog, write_token_parquet
+    from .ingest.vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
+    from .outputs import atomic_path
+
+    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+    try:
+        with atomic_path(out) as tmp:
+            got = write_token_parquet(src, tmp, fields=log.fields, spec=spec, time_unit=log.time_unit,
+                                      share_tenants=share_tenants)
+            md = pq.read_metadata(tmp)
+            rows = md.num_rows
+            n_acc = sum(md.row_group(i).column(j).num_values for i in range(md.num_row_groups)
+                        for j in range(md.row_group(i).num_columns)
+                        if md.row_group(i).column(j).path_in_schema.startswith("block_ids"))
+    except UnsortedLog:
+        return False
+    for w in ([got.time_note] if got.time_note else []) + got.warnings:
+        err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
+    console.print(f"wrote {out}: {rows:,} requests, {n_acc:,} block accesses (tokens, {spec.block_tokens} "
+                  f"tokens/block, {spec.hash_fn}) in {time.perf_counter() - t0:.2f} s, hashed chunk by chunk",
+                  soft_wrap=True, markup=False)
+    return True
 
 
 # ---------------------------------------------------------------------------- stats
@@ -452,6 +518,8 @@ def stats(
         (f"distinct KV bytes ({s['model']}, {s['kv_bytes_per_token']:,} B/token)", format_bytes(s["distinct_kv_bytes"])),
         ("KV bytes accessed", format_bytes(s["accessed_kv_bytes"])),
         ("accesses that re-reference a block", _fmt_rate(s["rereference_share"])),
+        ("block ids prefix-chained", "yes" if s["chained"] else
+         f"no: {_fmt_rate(s['multi_parent_block_share'])} of blocks follow more than one parent (--rechain)"),
     ]
     for k, v in rows:
         t.add_row(k, v)
@@ -527,6 +595,7 @@ def models(
 # ---------------------------------------------------------------------------- app
 @app.command("app")
 @handles_errors
+@with_log_options
 def app_command(
     trace_path: Optional[Path] = typer.Argument(None, metavar="TRACE", help="Trace to open (default: the bundled sample chat.jsonl)."),
     port: int = typer.Option(8501, "--port", "-p", min=1, max=65535, help="Port to serve on (localhost)."),
@@ -550,7 +619,7 @@ def app_command(
     from .units import parse_size
 
     argv, env = streamlit_command(trace_path, port=port, headless=headless,
-                                  options=LoadOptions(fmt.value, block_tokens, share_tenants), data_dir=data_dir,
+                                  options=LoadOptions(fmt.value, block_tokens, share_tenants, log=_log_options()), data_dir=data_dir,
                                   max_trace_bytes=parse_size(max_trace_bytes, field="max-trace-bytes"))
     err_console.print(f"kvtrace app: serving on http://localhost:{port} (Ctrl+C stops it)", markup=False)
     proc = subprocess.Popen(argv, env=env)
@@ -777,12 +846,17 @@ def _scan_streamed(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], shar
     ``columns``: the request columns to keep (O(requests) memory each)."""
     from .stream import open_stream
 
+    log = _log_options()
+    if log is not None and (log.rechain or log.reblock):
+        raise UsageError("--rechain and --reblock rewrite every request's block ids in memory: write the trace "
+                         "once with `kvtrace ingest TRACE --rechain --reblock N -o t.parquet` (or run --no-stream)",
+                         field="stream")
     err_console.print(f"kvtrace: streaming {trace_path.name} in row-group chunks: memory bounded by its distinct "
                       "blocks, results equal to the in-memory run", markup=False, soft_wrap=True)
     with _progress() as prog:
         task = prog.add_task("scan (streaming)", total=1)
         trace = open_stream(trace_path, fmt=fmt.value, block_tokens=block_tokens, share_tenants=share_tenants,
-                            columns=columns, progress=lambda d, t: prog.update(task, completed=d, total=t))
+                            columns=columns, progress=lambda d, t: prog.update(task, completed=d, total=t), log=log)
     for w in trace.warnings:
         err_console.print(f"kvtrace: warning: {trace_path}: {w}", markup=False, soft_wrap=True)
     return trace

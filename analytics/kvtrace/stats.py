@@ -40,6 +40,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from .ingest.rechain import access_chain_report
 from .kernels.reuse import previous_access, visit_blocks
 from .kernels.sums import PairwiseSum
 from .model import ModelSpec, resolve_model
@@ -113,6 +114,15 @@ def _percentile_row(name: str, x: np.ndarray) -> dict:
     return row
 
 
+def _block_chunks(trace):
+    """(dense block ids, request offsets) of a trace: once in memory, by chunk streamed."""
+    if isinstance(trace, Trace):
+        yield trace.accesses.block, trace.accesses.req_start
+        return
+    for ch in trace.access_chunks():
+        yield ch.block, ch.lrs
+
+
 def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
                 progress: Callable[[int, int], None] | None = None) -> TraceStats:
     """Summary statistics of a trace.
@@ -144,6 +154,7 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
             raise ValueError(f"open the stream with columns=kvtrace.stats.STREAM_COLUMNS (missing {missing})")
         fig = _streamed_figures(trace, cols, progress)
 
+    chain = access_chain_report(_block_chunks(trace), n_blk)
     minute = np.floor(ts / 60.0).astype(np.int64) if n_req else np.zeros(0, np.int64)
     per_minute = np.bincount(minute - minute.min()) if n_req else np.zeros(1, np.int64)
     summary = {
@@ -166,6 +177,9 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
         # the mean of the per-access booleans: count / n, exactly
         "rereference_share": fig.rereferenced / n_acc if n_acc else 0.0,
         "sessions": int(req["session_id"].drop_nulls().n_unique()) if req["session_id"].null_count() < n_req else None,
+        # blocks seen after more than one parent block: none when the ids are prefix-chained
+        "multi_parent_block_share": chain.share,
+        "chained": chain.chained,
         "warnings": list(trace.warnings),
     }
     lengths = pl.DataFrame(

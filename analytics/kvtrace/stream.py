@@ -73,6 +73,7 @@ import polars as pl
 from . import spill as spill_mod
 from .distances import Distances
 from .errors import KvtraceError, UsageError
+from .ingest import probe_rows, unchained_warning
 from .ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
 from .kernels.densify import densify
 from .kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
@@ -136,6 +137,12 @@ def in_memory_estimate(path: str | os.PathLike) -> int:
     return parquet_list_values(md)[0] * IN_MEMORY_BYTES_PER_ACCESS
 
 
+#: Memory of an in-memory token-log read per byte of the log file, an upper estimate:
+#: a token id takes 3-6 bytes of JSONL ("1234, ") or 2-4 of compressed Parquet and
+#: about 16 bytes in memory while it is hashed (the list column and its int64 copy).
+TOKEN_LOG_BYTES_PER_FILE_BYTE = 8
+
+
 def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None,
                   workload: str | None = None) -> bool:
     """Whether a command streams this trace.
@@ -151,14 +158,16 @@ def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | Non
         access cost the in-memory run; default a curve's (:func:`in_memory_estimate`).
     """
     if stream is not None:
-        if stream and not is_parquet(path, fmt):
-            raise UsageError("--stream reads Parquet request tables: convert the trace once with "
+        if stream and not (is_parquet(path, fmt) or fmt == "tokens"):
+            raise UsageError("--stream reads Parquet request tables and token logs: convert the trace once with "
                              "kvtrace ingest TRACE -o trace.parquet", field="stream")
         if stream:  # a pipe cannot be streamed (Parquet needs random access), a device never ends
             from .ingest.inputs import check_input_kind
 
             check_input_kind(path, random_access=True)
         return bool(stream)
+    if fmt == "tokens" and os.path.isfile(path):  # the in-memory read holds every token id
+        return os.path.getsize(path) * TOKEN_LOG_BYTES_PER_FILE_BYTE > memory_budget()
     if not is_parquet(path, fmt) or not os.path.isfile(path):
         return False
     need = in_memory_estimate(path)
@@ -462,8 +471,13 @@ class StreamedTrace:
 
 def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
                 share_tenants: bool = False, columns: Sequence[str] = (), spill_dir: str | os.PathLike | None = None,
-                progress: Callable[[int, int], None] | None = None) -> StreamedTrace:
+                progress: Callable[[int, int], None] | None = None, log=None) -> StreamedTrace:
     """Pass 1 of a streamed run: scan a Parquet request table in row-group chunks.
+
+    A token log (``fmt="tokens"``, read with ``log``, a
+    :class:`kvtrace.ingest.LogOptions`) is first hashed chunk by chunk into a canonical
+    Parquet table in the spill directory (:func:`kvtrace.ingest.tokens.write_token_parquet`),
+    scanned, then removed: memory stays one chunk plus the distinct blocks.
 
     Parameters
     ----------
@@ -491,9 +505,12 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
     -------
     StreamedTrace
     """
+    if fmt == "tokens":
+        return _open_token_stream(path, block_tokens=block_tokens, share_tenants=share_tenants, columns=columns,
+                                  spill_dir=spill_dir, progress=progress, log=log)
     if not is_parquet(path, fmt):
-        raise UsageError("streaming reads Parquet request tables: convert the trace once with kvtrace ingest",
-                         field="format")
+        raise UsageError("streaming reads Parquet request tables and token logs: convert the trace once with "
+                         "kvtrace ingest", field="format")
     from .ingest.inputs import check_input_kind
 
     check_input_kind(path, random_access=True)  # before pyarrow opens it: a FIFO would wait in native code
@@ -509,8 +526,13 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
     try:
         state = None
         ts_parts, len_parts, last_parts, kept, ids_parts = [], [], [], [], []
+        probe, probed, probed_ids = [], 0, 0  # copies of the first requests' ids, for the unchained warning
         with open(spill / "blocks", "wb") as out:
             for row0, df in src.chunks(columns=read, info=info):
+                k = probe_rows(df["block_ids"].list.len().to_numpy(), probed, probed_ids)
+                if k:
+                    probe.append(_copied(df.select("block_ids", "tenant").head(k)))
+                    probed, probed_ids = probed + k, probed_ids + int(probe[-1]["block_ids"].list.len().sum())
                 lengths, hashes, ns, tokens, last_tokens = chunk_accesses(df, B, names)
                 if hashes.shape[0]:
                     try:
@@ -551,11 +573,39 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
         last_tokens = np.concatenate(last_parts) if last_parts else np.empty(0, np.int32)
         del last_parts
         _release_freed_memory()
+        note = unchained_warning(pl.concat(probe), src.meta) if probe else None
         return StreamedTrace(src.meta, requests, req_start, last_tokens, block_hash, block_ns, block_size, spill,
-                             src.warnings(info))
+                             src.warnings(info) + ([note] if note else []))
     except BaseException:
         shutil.rmtree(spill, ignore_errors=True)
         raise
+
+
+def _open_token_stream(path, *, block_tokens, share_tenants, columns, spill_dir, progress, log) -> StreamedTrace:
+    """:func:`open_stream` of a token log: hashed into a temporary canonical table first."""
+    from .ingest import LogOptions
+    from .ingest.tokens import write_token_parquet
+    from .ingest.vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
+
+    log = log or LogOptions()
+    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+    tmp = spill_mod.make_spill_dir(spill_dir)
+    try:
+        table = tmp / "log.parquet"
+        got = write_token_parquet(path, table, fields=log.fields, spec=spec, time_unit=log.time_unit,
+                                  share_tenants=share_tenants)
+        trace = open_stream(table, fmt="parquet", share_tenants=share_tenants, columns=columns, spill_dir=spill_dir,
+                            progress=progress)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    trace.meta = TraceMeta(**{**trace.meta.to_dict(), "source": os.path.basename(str(path))})
+    trace.warnings = [w for w in ([got.time_note] if got.time_note else []) + got.warnings] + list(trace.warnings)
+    return trace
+
+
+def _copied(df: pl.DataFrame) -> pl.DataFrame:
+    """``df`` in buffers of its own (a slice of a chunk would keep the whole chunk alive)."""
+    return pl.from_arrow(df.to_arrow().combine_chunks().take(np.arange(df.height)))
 
 
 def _release_freed_memory() -> None:

@@ -11,6 +11,9 @@ drops it.
 
 A server path is read only under the data directory and up to the size limit that
 ``kvtrace app`` passed (:func:`kvtrace.appdata.server_path`); the sidebar states both.
+A request log (format ``tokens`` or ``openai``) shows the commands' request-log options
+(``kv_log_<option>``); a chat log's tokenizer and template are paths under the same
+data directory (:func:`kvtrace.appdata.log_options_from_form`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import streamlit as st
 from kvtrace import appdata
 from kvtrace.distances import normalise_eviction
 from kvtrace.errors import KvtraceError
-from kvtrace.ingest import FORMATS
+from kvtrace.ingest import FORMATS, LOG_FORMATS
 from kvtrace.model import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import Trace
 from kvtrace.units import format_bytes
@@ -32,6 +35,23 @@ from . import cached
 
 SOURCES = ("bundled sample", "upload", "server path")
 EVICTIONS = ("prefix-aware", "flat")
+FORMAT_LABELS = {"tokens": "tokens (token-id request log)", "openai": "openai (chat / completions requests)"}
+#: request-log option -> (label, help) of its widget; the option's name is the command's (--tokens-field ...)
+LOG_WIDGETS = {
+    "tokenizer": ("Tokenizer (--tokenizer)", "A local Hugging Face tokenizer under the data directory (a relative "
+                  "path is relative to it): a directory holding tokenizer.json and tokenizer_config.json, or the "
+                  "tokenizer.json file. Nothing is downloaded."),
+    "chat_template": ("Chat template (--chat-template, optional)", "A Jinja file under the data directory used "
+                      "instead of the tokenizer's template."),
+    "tokens_field": ("Tokens field (--tokens-field)", "The field of the prompt's token ids."),
+    "time_field": ("Time field (--time-field)", "The arrival time field: seconds, ms or ISO-8601."),
+    "salt_field": ("Cache-salt field (--salt-field)", "vLLM hashes the cache salt into the first block."),
+    "lora_field": ("LoRA field (--lora-field)", "The LoRA adapter name: part of vLLM's block hashes."),
+    "time_unit": ("Time unit (--time-unit)", "auto: detected from the values and stated on the Overview page."),
+    "hash_fn": ("Hash function (--hash)", "vLLM's prefix-cache hash: sha256 (vLLM's default) or sha256_cbor."),
+    "hash_seed": ("Hash seed (--hash-seed)", "The PYTHONHASHSEED vLLM ran with (it seeds the first block's "
+                  "parent hash)."),
+}
 
 
 @dataclass
@@ -64,6 +84,7 @@ def _defaults() -> dict:
         "kv_fmt": launch_opts.fmt,
         "kv_block_tokens": launch_opts.block_tokens or 0,
         "kv_share": launch_opts.share_tenants,
+        **{f"kv_log_{k}": v for k, v in appdata.log_form_values(launch_opts.log).items()},
         "kv_model": DEFAULT_MODEL,
         "kv_gpu": DEFAULT_GPU,
         "kv_eviction": "prefix-aware",
@@ -94,9 +115,25 @@ def _remember_upload() -> None:
 
 
 def _options() -> appdata.LoadOptions:
+    """The reading options chosen; raises KvtraceError for a tokenizer or template the
+    page may not read."""
     s = st.session_state
-    return appdata.LoadOptions(fmt=s["kv_fmt"], block_tokens=int(s["kv_block_tokens"]) or None,
-                               share_tenants=bool(s["kv_share"]))
+    fmt = s["kv_fmt"]
+    values = {k: s[f"kv_log_{k}"] for fields in appdata.LOG_FIELDS.values() for k in fields}
+    log = appdata.log_options_from_form(fmt, values, appdata.data_dir(), max_bytes=appdata.max_trace_bytes(),
+                                        base=appdata.launch_options()[1].log)
+    return appdata.LoadOptions(fmt=fmt, block_tokens=int(s["kv_block_tokens"]) or None,
+                               share_tenants=bool(s["kv_share"]), log=log)
+
+
+def _log_fields(fmt: str) -> None:
+    """The request-log options a ``fmt`` log is read with (:data:`kvtrace.appdata.LOG_FIELDS`)."""
+    for name in appdata.LOG_FIELDS[fmt]:
+        text, help_text = LOG_WIDGETS[name]
+        if name in appdata.LOG_CHOICES:
+            st.selectbox(text, appdata.LOG_CHOICES[name], key=f"kv_log_{name}", help=help_text)
+        else:
+            st.text_input(text, key=f"kv_log_{name}", help=help_text)
 
 
 def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
@@ -150,7 +187,8 @@ def trace_context() -> Context:
         limit = appdata.max_trace_bytes()
         sb.file_uploader("Trace file (JSONL, Parquet or CSV)", type=list(appdata.UPLOAD_TYPES), key="kv_upload",
                          on_change=_remember_upload, max_upload_size=appdata.upload_limit_mb(limit),
-                         help=f"Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, or a generic table; "
+                         help=f"Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, a generic table, or a "
+                              f"request log (format tokens or openai under Reading options); "
                               f"at most {format_bytes(limit)} (kvtrace app --max-trace-bytes).")
     else:
         root = appdata.data_dir()
@@ -159,17 +197,29 @@ def trace_context() -> Context:
                            "path is relative to it.")
         sb.caption(f"Data directory: `{root}` (kvtrace app --data-dir); at most "
                    f"{format_bytes(appdata.max_trace_bytes())} per trace (--max-trace-bytes).")
-    with sb.expander("Reading options"):
-        st.selectbox("Format", FORMATS, key="kv_fmt")
-        st.number_input("Tokens per block (0 = the format's)", min_value=0, step=16, key="kv_block_tokens")
+    fmt = st.session_state["kv_fmt"]
+    with sb.expander("Reading options", expanded=fmt in LOG_FORMATS):
+        st.selectbox("Format", FORMATS, key="kv_fmt", format_func=lambda f: FORMAT_LABELS.get(f, f),
+                     help="auto detects Mooncake, Bailian, Parquet and CSV traces; a request log (tokens, openai) "
+                          "is never detected: choose it.")
+        st.number_input("Tokens per block (0 = the format's)", min_value=0, step=16, key="kv_block_tokens",
+                        help="0: the format's own, 512 for Mooncake, 16 for Qwen-Bailian and vLLM's 16 for request "
+                             "logs (tokens, openai).")
         st.checkbox("Share blocks across tenants", key="kv_share")
+        if fmt in LOG_FORMATS:
+            _log_fields(fmt)
     sb.divider()
     sb.selectbox("Model", list(MODELS), key="kv_model", help="Sets KV bytes per token and prefill FLOPs.")
     sb.selectbox("GPU", list(GPUS), key="kv_gpu", help="Prices the prefill compute a hit avoids.")
     sb.radio("LRU model", EVICTIONS, key="kv_eviction", horizontal=True,
              help="prefix-aware: request-atomic, radix-tree-like (default); flat: a plain block LRU.")
 
-    loaded = _load(source, _options())
+    try:
+        options = _options()
+    except KvtraceError as exc:
+        st.error(appdata.error_line(exc, "reading options"), icon=":material/error:")
+        st.stop()
+    loaded = _load(source, options)
     if loaded is None:
         st.info("Choose a trace in the sidebar: upload a file or give a path on the server.")
         st.stop()

@@ -32,7 +32,8 @@ LOG_FORMATS = ("tokens", "openai")
 
 @dataclass(frozen=True)
 class LogOptions:
-    """How a request log (``--format tokens`` or ``openai``) becomes block ids.
+    """How a request log (``--format tokens`` or ``openai``) becomes block ids, and how
+    the block ids of any trace are re-chained or re-blocked.
 
     Attributes
     ----------
@@ -47,6 +48,12 @@ class LogOptions:
         The ``PYTHONHASHSEED`` vLLM ran with.
     tokenizer, chat_template : str or None
         A chat log's local Hugging Face tokenizer and an optional template override.
+    rechain : bool
+        The trace hashes each block on its own: turn its ids into prefix-chained ids
+        (:func:`kvtrace.ingest.rechain.rechain`) before anything else.
+    reblock : int or None
+        Coarsen the (chained) trace to this many tokens per block, a whole multiple of
+        its own (:func:`kvtrace.ingest.rechain.reblock`).
     """
 
     fields: TokenFields = TokenFields()
@@ -55,6 +62,8 @@ class LogOptions:
     hash_seed: str = "0"
     tokenizer: str | None = None
     chat_template: str | None = None
+    rechain: bool = False
+    reblock: int | None = None
 
     #: command-line option (its parameter name) -> the TokenFields attribute it sets
     FIELD_OPTIONS = {"tokens_field": "tokens", "time_field": "timestamp", "salt_field": "cache_salt",
@@ -128,11 +137,83 @@ def _read_pipe_as(path: str, fmt: str) -> tuple[bytes, str]:
     return data, fmt
 
 
+def _block_ids(df, meta: TraceMeta, warnings: list[str], log: LogOptions, wanted: int | None, path: str,
+               kind: str):
+    """A validated request table with its block ids re-chained and re-blocked as ``log``
+    asks (or to ``wanted`` tokens: a canonical trace's larger ``--block-tokens``), and a
+    warning appended when they look unchained (:func:`unchained_warning`)."""
+    if log.rechain:
+        from .rechain import rechain
+
+        df = rechain(df)
+    elif kind not in LOG_FORMATS:
+        note = unchained_warning(df, meta)
+        if note:
+            warnings.append(note)
+    target = log.reblock or wanted
+    if target is not None and target != meta.block_tokens:
+        from .rechain import reblock
+
+        try:
+            df, meta = reblock(df, meta, int(target))
+        except KvtraceError as exc:
+            raise KvtraceError(exc.message, path=path, field="reblock" if log.reblock else "block_tokens") from None
+    return df, meta
+
+
+#: The bounded look at the start of a trace that :func:`unchained_warning` takes: at most
+#: this many requests and block ids (:func:`probe_rows`).
+CHAIN_CHECK_REQUESTS = 100_000
+CHAIN_CHECK_ACCESSES = 1_000_000
+#: Share of blocks after more than one parent above which ids look unchained (chained
+#: ids have none; a hash collision or two do not reach it), and the fewest distinct
+#: blocks that tell (a hand-made trace of a few ids proves nothing either way).
+UNCHAINED_SHARE = 0.01
+UNCHAINED_MIN_BLOCKS = 64
+
+
+def probe_rows(lengths, rows: int = 0, accesses: int = 0) -> int:
+    """How many of the next requests (their block counts ``lengths``) the unchained check
+    reads after ``rows`` requests and ``accesses`` block ids: the start of the trace up to
+    :data:`CHAIN_CHECK_REQUESTS` requests and :data:`CHAIN_CHECK_ACCESSES` ids."""
+    import numpy as np
+
+    cum = np.cumsum(np.asarray(lengths, dtype=np.int64)[: max(CHAIN_CHECK_REQUESTS - rows, 0)])
+    return int(np.searchsorted(cum, CHAIN_CHECK_ACCESSES - accesses, side="right"))
+
+
+def unchained_warning(df, meta: TraceMeta) -> str | None:
+    """One line when the block ids of the start of ``df`` (:func:`probe_rows`) look
+    per-block (not prefix-chained; :func:`kvtrace.ingest.rechain.chain_report`), else None."""
+    from .rechain import chain_report
+
+    head = df.head(probe_rows(df["block_ids"].list.len().fill_null(0).to_numpy()))
+    rep = chain_report(head, meta)
+    if rep.share < UNCHAINED_SHARE or rep.blocks < UNCHAINED_MIN_BLOCKS:
+        return None
+    return (f"block ids look unchained: {rep.share:.1%} of the blocks of the first {head.height:,} requests "
+            "follow more than one parent block (chained ids have none), so a block would be reused after a "
+            "different prefix; pass --rechain if the trace hashes each block on its own")
+
+
+def _canonical_block_tokens(path: str) -> int | None:
+    """The block size in a canonical Parquet trace's metadata, else None (not one, or not a file)."""
+    if not os.path.isfile(path) or _suffix_format(path) != "parquet":
+        return None
+    try:
+        meta = read_metadata(path)
+        return int(meta["block_tokens"]) if isinstance(meta, dict) and meta.get("block_tokens") else None
+    except (KvtraceError, OSError, ValueError, TypeError):  # the read itself names what is wrong
+        return None
+
+
 def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
                   warnings: list[str] | None = None, names: dict | None = None, log: LogOptions | None = None):
     """Read any supported file into (canonical request table in file order, meta, JSONL
-    source or None, kind). A request log (``fmt`` in :data:`LOG_FORMATS`, read with
-    ``log``) gives its :class:`~kvtrace.ingest.tokens.TokenLog` as the source.
+    source or None, kind), as the file holds it (:func:`load_requests` validates it and
+    applies ``log``'s re-chaining and re-blocking). A request log (``fmt`` in
+    :data:`LOG_FORMATS`, read with ``log``) gives its
+    :class:`~kvtrace.ingest.tokens.TokenLog` as the source.
 
     ``warnings`` collects what was tolerated while reading (a cut-off last line, a
     byte-order mark, ignored files in a directory of shards); ``names`` receives the
@@ -205,6 +286,12 @@ def load_requests(
     p = str(path)
     warn: list[str] = []
     names: dict = {}
+    log = log or LogOptions()
+    wanted = None
+    if fmt in ("auto", "parquet") and block_tokens is not None:  # a canonical trace's size is known: re-block
+        stored = _canonical_block_tokens(p)
+        if stored is not None and block_tokens != stored:
+            wanted, block_tokens = block_tokens, None
     if workload is not None and fmt not in LOG_FORMATS:  # from metadata and a bounded first read, before the parse
         check_before_read(p, fmt, workload)
     with reading(workload):  # a decompression stops at what memory allows
@@ -225,6 +312,7 @@ def load_requests(
             raise exc from None
         raise
     warn += more
+    df, meta = _block_ids(df, meta, warn, log, wanted, p, kind)
     if workload is not None:
         check_memory(df, meta, workload, source=p)
     return df, meta, warn

@@ -95,7 +95,9 @@ class ParquetRequests:
             meta = TraceMeta.from_dict(md)
             if block_tokens is not None and block_tokens != meta.block_tokens:
                 raise KvtraceError(
-                    f"--block-tokens {block_tokens} contradicts the trace's block size {meta.block_tokens}",
+                    f"--block-tokens {block_tokens} contradicts the trace's block size {meta.block_tokens} in a "
+                    "streamed run: re-blocking rewrites every request in memory (--no-stream, or `kvtrace ingest "
+                    f"--block-tokens {block_tokens} -o t.parquet` once)",
                     path=self.path, field="block_tokens",
                 )
             self.list_column = "block_ids"

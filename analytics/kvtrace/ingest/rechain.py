@@ -122,6 +122,37 @@ def chain_report(df: pl.DataFrame, meta: TraceMeta | None = None) -> ChainReport
     return ChainReport(per.height, multi, multi / per.height)
 
 
+def access_chain_report(chunks, n_blocks: int) -> ChainReport:
+    """:func:`chain_report` of a built trace's access stream: ``chunks`` yields
+    ``(block, req_start)`` pairs of dense block ids and the offsets of whole requests in
+    them (one pair for an in-memory trace, one per chunk of a streamed one). Dense ids
+    already tell tenants apart. Memory: O(n_blocks) (each block's first parent and a
+    flag), plus one chunk's pairs."""
+    first_parent = np.full(n_blocks, -2, dtype=np.int64)  # -2: not seen; -1: the parent "none"
+    multi = np.zeros(n_blocks, dtype=bool)
+    width = np.int64(n_blocks + 1)
+    for block, req_start in chunks:
+        block = np.asarray(block, dtype=np.int64)
+        if block.shape[0] == 0:
+            continue
+        parent = np.empty_like(block)
+        parent[1:] = block[:-1]
+        rs = np.asarray(req_start, dtype=np.int64)
+        parent[rs[:-1][rs[1:] > rs[:-1]]] = -1  # position 0 of each request
+        pairs = np.unique(block * width + (parent + 1))
+        b, par = pairs // width, pairs % width - 1
+        heads = np.ones(b.shape[0], dtype=bool)
+        heads[1:] = b[1:] != b[:-1]
+        multi[b[~heads]] = True  # two parents of one block in this chunk
+        b, par = b[heads], par[heads]
+        known = first_parent[b]
+        multi[b[(known != -2) & (known != par)]] = True
+        first_parent[b[known == -2]] = par[known == -2]
+    seen = int(np.count_nonzero(first_parent != -2))
+    count = int(np.count_nonzero(multi))
+    return ChainReport(seen, count, count / seen if seen else 0.0)
+
+
 def rechain(df: pl.DataFrame) -> pl.DataFrame:
     """Per-block hashes -> prefix-chained ids (see the module docstring).
 

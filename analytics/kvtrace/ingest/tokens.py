@@ -554,3 +554,62 @@ def load_token_trace(path: str | os.PathLike, *, share_tenants: bool = False, **
     meta = log.meta if not share_tenants else TraceMeta(**{**log.meta.to_dict(), "share_tenants": True})
     df, warn = prepare_requests(log.requests, meta, source=str(path), already_relative=False, locate=log.locate)
     return build_trace(df, meta, log.warnings + warn), log
+
+
+class UnsortedLog(KvtraceError):
+    """A log whose timestamps decrease, met by a chunked read (it cannot sort)."""
+
+
+def write_token_parquet(path: str | os.PathLike, out: str | os.PathLike, *, kind: str = "auto",
+                        fields: TokenFields = TokenFields(), spec: HashSpec = HashSpec(), time_unit: str = "auto",
+                        max_token_id: int = MAX_TOKEN_ID, chunk_rows: int = CHUNK_ROWS,
+                        share_tenants: bool = False) -> TokenLog:
+    """Hash a token log chunk by chunk into a canonical Parquet request table (one row
+    group per chunk, written to ``out`` as it goes: wrap it in
+    :func:`kvtrace.outputs.atomic_path` for a user's file): memory is one chunk, not the log, so every streamed
+    pass can read a log of any size (:func:`kvtrace.stream.open_stream`).
+
+    Equal to :func:`load_token_trace` then :func:`~kvtrace.ingest.canonical.write_canonical`
+    for a log in arrival order (timestamps relative to the first request); a log whose
+    timestamps decrease is refused with the line or row where they do (the in-memory
+    read sorts it instead). Returns the :class:`TokenLog` without its requests (an
+    empty table), for its notes and metadata.
+    """
+    import pyarrow.parquet as pq
+
+    from .canonical import METADATA_KEY, conform
+
+    holder: list = []
+    meta = TraceMeta(block_tokens=int(spec.block_tokens), source_format=FORMAT, source=os.path.basename(str(path)),
+                     share_tenants=share_tenants)
+    md = {METADATA_KEY: json.dumps({"version": 1, **meta.to_dict()}, sort_keys=True).encode()}
+    t0 = last = None
+    rows = 0
+    writer = None
+    try:
+        for chunk in iter_token_chunks(path, kind=kind, fields=fields, spec=spec, time_unit=time_unit,
+                                       max_token_id=max_token_id, chunk_rows=chunk_rows, _state=holder):
+            ts = chunk["timestamp"].to_numpy()
+            t0 = float(ts[0]) if t0 is None else t0
+            back = np.flatnonzero(np.diff(np.concatenate([[ts[0] if last is None else last], ts])) < 0)
+            if back.size:
+                at = holder[0].lines[-1][back[0]] if holder[0].lines else None
+                where = {"line": int(at)} if at is not None else {"row": rows + int(back[0])}
+                raise UnsortedLog("timestamps go back in time: a streamed log must be in arrival order "
+                                  "(read it without --stream to sort it)", path=str(path),
+                                  field=fields.timestamp, **where)
+            last = float(ts[-1])
+            table = conform(chunk.with_columns(pl.col("timestamp") - t0)).to_arrow()
+            if writer is None:
+                writer = pq.ParquetWriter(str(out), table.schema.with_metadata(md), compression="zstd")
+            writer.write_table(table.replace_schema_metadata(md))
+            rows += chunk.height
+    finally:
+        if writer is not None:
+            writer.close()
+    if not rows:
+        raise KvtraceError("no requests: the log is empty", path=str(path))
+    state = holder[0]
+    return TokenLog(requests=pl.DataFrame(schema=REQUEST_SCHEMA), meta=meta, spec=spec, time_unit=state.unit or "s",
+                    time_note=state.note, locate=lambda row: {"path": str(path), "row": int(row)},
+                    warnings=list(state.warnings))
