@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from kvtrace.units import format_bytes
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 pytest.importorskip("tokenizers")
 from test_chat_logs import CONVERSATION, _train  # noqa: E402
+from test_logs_cli import write_token_log  # noqa: E402
 
 GiB = 2**30
 TIERS = [64 * GiB, 64 * GiB + 2**40]  # the pages' default DRAM and DRAM + flash (appdata.DEFAULT_TIERS)
@@ -50,16 +50,8 @@ def data(monkeypatch, tmp_path) -> Path:
 
 @pytest.fixture
 def token_log(data) -> Path:
-    """400 requests: a 64-token system prompt, one of 25 conversations' 40 tokens, a tail."""
-    rnd = random.Random(7)
-    rows = [{"ts_ms": 1_700_000_000_000 + 1500 * i,
-             "ids": list(range(100, 164)) + [1000 + i % 25] * 40 + [rnd.randrange(2000, 30000)
-                                                                   for _ in range(rnd.randrange(5, 60))],
-             "salt": "tenant-a" if i % 3 == 0 else None}
-            for i in range(400)]
-    p = data / "log.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return p
+    """400 requests of 25 conversations (:func:`test_logs_cli.write_token_log`)."""
+    return write_token_log(data / "log.jsonl", 400, 25, seed=7, step_ms=1500)
 
 
 @pytest.fixture

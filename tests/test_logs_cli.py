@@ -27,20 +27,24 @@ def run(*args):
     return RUNNER.invoke(app, [str(a) for a in args], env={"COLUMNS": "200"})
 
 
-@pytest.fixture
-def token_log(tmp_path) -> Path:
-    """300 requests: a 64-token system prompt, one of 20 conversations' 40 tokens, a tail."""
+def write_token_log(path: Path, requests: int, conversations: int, seed: int, step_ms: int) -> Path:
+    """A token log (fields ts_ms, ids, salt): a 64-token system prompt, one of
+    ``conversations`` conversations' 40 tokens, a random tail; every third request salted."""
     import random
 
-    rnd = random.Random(1)
-    rows = [{"ts_ms": 1_700_000_000_000 + 1000 * i,
-             "ids": list(range(100, 164)) + [1000 + i % 20] * 40 + [rnd.randrange(2000, 30000)
-                                                                   for _ in range(rnd.randrange(5, 60))],
+    rnd = random.Random(seed)
+    rows = [{"ts_ms": 1_700_000_000_000 + step_ms * i,
+             "ids": list(range(100, 164)) + [1000 + i % conversations] * 40 + [rnd.randrange(2000, 30000)
+                                                                            for _ in range(rnd.randrange(5, 60))],
              "salt": "tenant-a" if i % 3 == 0 else None}
-            for i in range(300)]
-    p = tmp_path / "log.jsonl"
-    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return p
+            for i in range(requests)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def token_log(tmp_path) -> Path:
+    return write_token_log(tmp_path / "log.jsonl", 300, 20, seed=1, step_ms=1000)
 
 
 def test_a_token_log_runs_end_to_end_and_equals_the_library(token_log, tmp_path):
