@@ -418,9 +418,10 @@ def ingest(
         err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
     if anonymize:
         from .ingest.anonymize import write_anonymized
+        from .ingest.jsonl import BAILIAN_BLOCK_TOKENS, MOONCAKE_BLOCK_TOKENS
 
         n = write_anonymized(build_trace(df, meta, []), out, to.value)
-        native = {"mooncake": 512, "bailian": 16}[to.value]
+        native = {"mooncake": MOONCAKE_BLOCK_TOKENS, "bailian": BAILIAN_BLOCK_TOKENS}[to.value]
         again = "" if meta.block_tokens == native else f" --block-tokens {meta.block_tokens}"
         console.print(f"wrote {out}: {n:,} requests as anonymised {to.value} JSONL ({meta.block_tokens} tokens/block) "
                       f"in {time.perf_counter() - t0:.2f} s; read it back with `kvtrace curve {out.name}{again}`",
@@ -445,23 +446,20 @@ def _ingest_token_log(src: Path, out: Path, block_tokens: Optional[int], share_t
     timestamps go back (then the in-memory read sorts it)."""
     import pyarrow.parquet as pq
 
+    from .guard import parquet_list_values
     from .ingest.tokens import UnsortedLog, write_token_parquet
-    from .ingest.vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
     from .outputs import atomic_path
 
-    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+    spec = log.hash_spec(block_tokens)
     try:
         with atomic_path(out) as tmp:
             got = write_token_parquet(src, tmp, fields=log.fields, spec=spec, time_unit=log.time_unit,
                                       share_tenants=share_tenants)
             md = pq.read_metadata(tmp)
-            rows = md.num_rows
-            n_acc = sum(md.row_group(i).column(j).num_values for i in range(md.num_row_groups)
-                        for j in range(md.row_group(i).num_columns)
-                        if md.row_group(i).column(j).path_in_schema.startswith("block_ids"))
+            rows, n_acc = md.num_rows, parquet_list_values(md)[0]  # a log's every request has >= 1 block
     except UnsortedLog:
         return False
-    for w in ([got.time_note] if got.time_note else []) + got.warnings:
+    for w in got.notes:
         err_console.print(f"kvtrace: warning: {src}: {w}", markup=False, soft_wrap=True)
     console.print(f"wrote {out}: {rows:,} requests, {n_acc:,} block accesses (tokens, {spec.block_tokens} "
                   f"tokens/block, {spec.hash_fn}) in {time.perf_counter() - t0:.2f} s, hashed chunk by chunk",

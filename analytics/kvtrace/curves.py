@@ -281,9 +281,10 @@ def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, half_hits, h
 
     flops_hit = a * pre_hits[..., 1] + b * pre_hits[..., 3]
     flops_tot = a * pre_tot[..., 1] + b * pre_tot[..., 3]
+    requests = div(req_hits, req_tot)
     return {
-        "request_hit_rate": div(req_hits, req_tot),
-        "request_half_prefix_hit_rate": (np.full(np.shape(div(req_hits, req_tot)), np.nan) if half_hits is None
+        "request_hit_rate": requests,
+        "request_half_prefix_hit_rate": (np.full_like(requests, np.nan) if half_hits is None
                                          else div(half_hits, half_tot)),
         "prefix_token_hit_rate": div(pre_hits[..., 1], pre_tot[..., 1]),
         "prefix_byte_hit_rate": div(pre_hits[..., 2], pre_tot[..., 2]),

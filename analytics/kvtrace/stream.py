@@ -529,10 +529,11 @@ def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int
         probe, probed, probed_ids = [], 0, 0  # copies of the first requests' ids, for the unchained warning
         with open(spill / "blocks", "wb") as out:
             for row0, df in src.chunks(columns=read, info=info):
-                k = probe_rows(df["block_ids"].list.len().to_numpy(), probed, probed_ids)
+                lens = df["block_ids"].list.len().to_numpy()
+                k = probe_rows(lens, probed, probed_ids)
                 if k:
                     probe.append(_copied(df.select("block_ids", "tenant").head(k)))
-                    probed, probed_ids = probed + k, probed_ids + int(probe[-1]["block_ids"].list.len().sum())
+                    probed, probed_ids = probed + k, probed_ids + int(lens[:k].sum())
                 lengths, hashes, ns, tokens, last_tokens = chunk_accesses(df, B, names)
                 if hashes.shape[0]:
                     try:
@@ -585,21 +586,19 @@ def _open_token_stream(path, *, block_tokens, share_tenants, columns, spill_dir,
     """:func:`open_stream` of a token log: hashed into a temporary canonical table first."""
     from .ingest import LogOptions
     from .ingest.tokens import write_token_parquet
-    from .ingest.vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
 
     log = log or LogOptions()
-    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
     tmp = spill_mod.make_spill_dir(spill_dir)
     try:
         table = tmp / "log.parquet"
-        got = write_token_parquet(path, table, fields=log.fields, spec=spec, time_unit=log.time_unit,
-                                  share_tenants=share_tenants)
+        got = write_token_parquet(path, table, fields=log.fields, spec=log.hash_spec(block_tokens),
+                                  time_unit=log.time_unit, share_tenants=share_tenants)
         trace = open_stream(table, fmt="parquet", share_tenants=share_tenants, columns=columns, spill_dir=spill_dir,
                             progress=progress)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     trace.meta = TraceMeta(**{**trace.meta.to_dict(), "source": os.path.basename(str(path))})
-    trace.warnings = [w for w in ([got.time_note] if got.time_note else []) + got.warnings] + list(trace.warnings)
+    trace.warnings = got.notes + list(trace.warnings)
     return trace
 
 

@@ -69,6 +69,13 @@ class LogOptions:
     FIELD_OPTIONS = {"tokens_field": "tokens", "time_field": "timestamp", "salt_field": "cache_salt",
                      "lora_field": "lora_name"}
 
+    def hash_spec(self, block_tokens: int | None = None):
+        """The vLLM hash of these options at ``block_tokens`` tokens per block (None:
+        vLLM's 16): a :class:`kvtrace.ingest.vllm_hash.HashSpec`."""
+        from .vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
+
+        return HashSpec(hash_fn=self.hash_fn, seed=self.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+
     @classmethod
     def from_options(cls, **given) -> "LogOptions":
         """From the command's request-log options (``tokens_field=...``, ``hash_fn=...``);
@@ -81,10 +88,8 @@ class LogOptions:
 def _read_log(p: str, fmt: str, block_tokens: int | None, log: LogOptions | None):
     """A token or chat log read into the canonical table (:mod:`kvtrace.ingest.tokens`,
     :mod:`kvtrace.ingest.chat`): (table, meta, the TokenLog)."""
-    from .vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
-
     log = log or LogOptions()
-    spec = HashSpec(hash_fn=log.hash_fn, seed=log.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
+    spec = log.hash_spec(block_tokens)
     if fmt == "tokens":
         got = read_token_log(p, fields=log.fields, spec=spec, time_unit=log.time_unit)
     else:
@@ -235,7 +240,7 @@ def read_requests(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: i
             raise KvtraceError(f"a {fmt} log is read from a file (not a {kind})", path=p)
         df, meta, got = _read_log(p, fmt, block_tokens, log)
         if warnings is not None:
-            warnings.extend([got.time_note, *got.warnings] if got.time_note else got.warnings)
+            warnings.extend(got.notes)
         return df, meta, got, fmt
     data = None  # a pipe's bytes: it is read exactly once, here
     if kind == "pipe":

@@ -105,6 +105,12 @@ class TokenLog:
     locate: Callable[[int], dict]
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def notes(self) -> list[str]:
+        """What to tell the user: how the timestamps were read (when it was decided),
+        then the warnings."""
+        return [self.time_note, *self.warnings] if self.time_note else list(self.warnings)
+
 
 def detect_kind(path: str | os.PathLike) -> str:
     """``jsonl``, ``parquet`` or ``csv`` from the file name (JSONL otherwise)."""
