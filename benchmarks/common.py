@@ -261,19 +261,8 @@ class Report:
 
     def print(self) -> bool:
         """Print the table, then one PASS/FAIL line per target; True when all pass."""
-        head = ("figure", "value", "target", "status", "command")
-        print(f"\n### {self.title}\n")
-        print(environment_line())
-        print()
-        print("| " + " | ".join(head) + " |")
-        print("|" + "|".join(["---", "--:", "--:", ":-:", "---"]) + "|")
-        for r in self.rows:
-            print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
-        print()
-        for n in self.notes:
-            print(f"- {n}")
-        if self.notes:
-            print()
+        print_table(self.title, ("figure", "value", "target", "status", "command"),
+                    ("---", "--:", "--:", ":-:", "---"), self.rows, self.notes)
         all_ok = True
         for figure, value, target, status, _ in self.rows:
             if status != "-":
@@ -281,6 +270,23 @@ class Report:
                 all_ok &= status == "PASS"
         print(f"\nreproduce: {self.reproduce}")
         return all_ok
+
+
+def print_table(title: str, head, align, rows, notes) -> None:
+    """A benchmark's Markdown section: its title, :func:`environment_line`, the table
+    (``head`` and ``align`` cells, ``|`` in a cell escaped) and the notes as a list."""
+    print(f"\n### {title}\n")
+    print(environment_line())
+    print()
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join(align) + "|")
+    for r in rows:
+        print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
+    print()
+    for n in notes:
+        print(f"- {n}")
+    if notes:
+        print()
 
 
 def environment_line() -> str:

@@ -76,7 +76,7 @@ from typing import Callable
 
 import numpy as np
 
-from common import environment_line, kvtrace_argv, run_measured
+from common import kvtrace_argv, print_table, run_measured
 
 HASH_TARGET = 5e6  # prompt tokens per second, hashing alone, one core
 HASHES = ("sha256", "sha256_cbor")
@@ -487,18 +487,8 @@ class Table:
                  f"{len(t.seconds)}", command)
 
     def print(self) -> bool:
-        print(f"\n### {self.title}\n")
-        print(environment_line())
-        print()
-        print("| what | figure | unit | command |")
-        print("|---|--:|---|---|")
-        for r in self.rows:
-            print("| " + " | ".join(c.replace("|", "\\|") for c in r) + " |")
-        print()
-        for n in self.notes:
-            print(f"- {n}")
-        if self.notes:
-            print()
+        print_table(self.title, ("what", "figure", "unit", "command"), ("---", "--:", "---", "---"), self.rows,
+                    self.notes)
         for text, ok in self.checks:
             print(f"{'PASS' if ok else 'FAIL'}: {text}")
         print(f"\nreproduce: {self.reproduce}")
