@@ -43,6 +43,7 @@ import polars as pl
 from .curves import GROUPINGS, KNEE_METRICS, CurveResult
 from .errors import KvtraceError
 from .ingest import LOG_FORMATS, LogOptions
+from .ingest.chat_template import tokenizer_files
 from .ingest.tokens import TIME_UNITS, TokenFields
 from .ingest.vllm_hash import HASH_FUNCTIONS
 from .names import label
@@ -210,25 +211,8 @@ def _size_mtime(path: str) -> tuple[int, int]:
 
 
 def _log_files(log: LogOptions) -> list[str]:
-    out = _tokenizer_files(log.tokenizer) if log.tokenizer else []
+    out = [str(f) for f in tokenizer_files(log.tokenizer)] if log.tokenizer else []
     return out + ([log.chat_template] if log.chat_template else [])
-
-
-def _tokenizer_files(path: str | os.PathLike) -> list[str]:
-    """The files :func:`kvtrace.ingest.chat_template.load_chat_tokenizer` reads for a
-    tokenizer directory or ``tokenizer.json`` file: the tokenizer, its config, its
-    ``chat_template.jinja`` and ``additional_chat_templates/*.jinja`` (those present)."""
-    p = os.fspath(path)
-    tok = os.path.join(p, "tokenizer.json") if os.path.isdir(p) else p
-    folder = os.path.dirname(tok)
-    extra = os.path.join(folder, "additional_chat_templates")
-    try:
-        named = sorted(os.path.join(extra, n) for n in os.listdir(extra) if n.endswith(".jinja"))
-    except OSError:  # none, or unreadable: the loader reads none either
-        named = []
-    found = [f for f in (os.path.join(folder, "tokenizer_config.json"), os.path.join(folder, "chat_template.jinja"))
-             if os.path.lexists(f)]
-    return [tok, *found, *named]
 
 
 def _log_to_json(log: LogOptions) -> str:
@@ -365,7 +349,7 @@ def server_log_file(text: str, root: str | os.PathLike, *, option: str, max_byte
     real = _resolve_inside(text, root_real, "files", option)
     if not os.path.lexists(real):
         return Path(real)
-    files = _tokenizer_files(real) if option == "tokenizer" else [real]
+    files = [str(f) for f in tokenizer_files(real)] if option == "tokenizer" else [real]
     folder = real if os.path.isdir(real) else os.path.dirname(real)
     size = 0
     for f in files:

@@ -265,6 +265,27 @@ def _templates_of(config: dict, config_path: Path) -> str | dict | None:
                        field="chat_template")
 
 
+def _tokenizer_paths(path: str | os.PathLike) -> tuple[Path, Path, Path, Path]:
+    """Where :func:`load_chat_tokenizer` looks for a tokenizer at ``path``: its
+    ``tokenizer.json``, and beside it ``tokenizer_config.json``, ``chat_template.jinja``
+    and the directory ``additional_chat_templates``."""
+    p = Path(path)
+    tok_file = p / "tokenizer.json" if p.is_dir() else p
+    folder = tok_file.parent
+    return (tok_file, folder / "tokenizer_config.json", folder / "chat_template.jinja",
+            folder / "additional_chat_templates")
+
+
+def tokenizer_files(path: str | os.PathLike) -> list[Path]:
+    """The files :func:`load_chat_tokenizer` reads for a tokenizer at ``path``: its
+    ``tokenizer.json`` (listed whether or not it exists), then those present of
+    ``tokenizer_config.json``, ``chat_template.jinja`` and
+    ``additional_chat_templates/*.jinja`` (a dangling link counts as present)."""
+    tok_file, config, jinja, extra = _tokenizer_paths(path)
+    named = sorted(extra.glob("*.jinja")) if extra.is_dir() else []
+    return [tok_file, *(f for f in (config, jinja) if os.path.lexists(f)), *named]
+
+
 def load_chat_tokenizer(path: str | os.PathLike | None, chat_template: str | os.PathLike | None = None, *,
                         clock: datetime | None = None) -> ChatTokenizer:
     """A local Hugging Face tokenizer and its chat template(s); nothing is downloaded.
@@ -293,7 +314,7 @@ def load_chat_tokenizer(path: str | os.PathLike | None, chat_template: str | os.
     if path is None or not str(path).strip():
         raise UsageError(f"no tokenizer: pass {TOKENIZER_HINT}", field="tokenizer")
     p = Path(path)
-    tok_file = p / "tokenizer.json" if p.is_dir() else p
+    tok_file, config_path, jinja_file, extra_dir = _tokenizer_paths(p)
     if not tok_file.is_file():
         what = "no tokenizer.json in this directory" if p.is_dir() else "no such tokenizer"
         raise UsageError(f"{what}: pass {TOKENIZER_HINT}", path=str(p))
@@ -308,15 +329,11 @@ def load_chat_tokenizer(path: str | os.PathLike | None, chat_template: str | os.
                            path=str(tok_file)) from None
     tok.no_truncation()
     tok.no_padding()
-    folder = tok_file.parent
-    config_path = folder / "tokenizer_config.json"
     config = _read_json(config_path) if config_path.is_file() else {}
     templates = _templates_of(config, config_path)
     source = str(config_path) if config_path.is_file() else str(tok_file)
-    jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
         templates, source = jinja_file.read_text(encoding="utf-8"), str(jinja_file)
-    extra_dir = folder / "additional_chat_templates"
     if extra_dir.is_dir():
         named = {f.stem: f.read_text(encoding="utf-8") for f in sorted(extra_dir.glob("*.jinja"))}
         if named:
