@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import ROOT, Report  # noqa: E402
 
-ENTRY = ROOT / "app" / "kvtrace_app.py"
+ENTRY = ROOT / "analytics" / "kvtrace" / "app" / "kvtrace_app.py"
 #: name -> (page file, url path, Vega charts it draws, navigation label, page title)
 PAGES = {"overview": ("views/overview.py", "", 3, "Overview", "Overview"),
          "curves": ("views/curves.py", "curves", 1, "Curves", "Capacity-hit curves"),

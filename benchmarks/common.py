@@ -70,9 +70,9 @@ def requests_for_accesses(kind: str, accesses: int, seed: int = 0) -> int:
     ratio is off by up to 2x for small traces. The generator's per-request skeleton
     gives the exact count (``ceil(input_tokens / B)`` per request) in O(requests)
     without expanding block lists; a few secant steps on it find the request count.
-    It is a private helper of ``kvtrace.synth``: only this sizing depends on it.
+    It is a private helper of ``kvtrace.ingest.synth``: only this sizing depends on it.
     """
-    from kvtrace import synth
+    from kvtrace.ingest import synth
 
     def count(n: int) -> int:
         plan = synth._plan(kind, n, seed, None, None)
@@ -139,8 +139,8 @@ def warm_up_jit() -> float:
     Runs ingest and both eviction models, exact and sampled, on a small synthetic trace.
     Returns the seconds it took.
     """
-    from kvtrace import synth
-    from kvtrace.curves import compute_curve
+    from kvtrace.ingest import synth
+    from kvtrace.analyses.curves import compute_curve
     from kvtrace.ingest import requests_to_trace
 
     t0 = time.perf_counter()

@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e_first = run_kvtrace(curve_args)
     e2e = run_kvtrace(curve_args)
 
-    from kvtrace.curves import compute_curve
+    from kvtrace.analyses.curves import compute_curve
     from kvtrace.ingest import load_trace
     from kvtrace.model import resolve_model
 

@@ -99,8 +99,8 @@ def time_libcachesim(block, size_bytes, capacities) -> LcsTiming:
 
 def time_kvtrace(trace, model: str, capacities) -> tuple[float, float, object, object]:
     """Seconds of ``reuse_distances`` and of ``compute_curve`` (flat), and their results."""
-    from kvtrace.curves import compute_curve
-    from kvtrace.distances import reuse_distances
+    from kvtrace.analyses.curves import compute_curve
+    from kvtrace.analyses.distances import reuse_distances
 
     t0 = time.perf_counter()
     d = reuse_distances(trace, "flat")

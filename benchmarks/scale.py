@@ -24,7 +24,7 @@ Issue targets and how each figure is taken:
    error bound the run reports; the exact single-process curve's time alongside;
 7. an estimate for a 10B-access trace on a 16-node cluster from the measured
    per-worker throughput (end to end of the 2-worker run, per worker) and the
-   per-access memory of a partition task (:func:`kvtrace.distributed.estimate_cluster`).
+   per-access memory of a partition task (:func:`kvtrace.analyses.distributed.estimate_cluster`).
 
 Run from the repository root (the 300M trace takes ~3 min to generate and 765 MB)::
 
@@ -121,7 +121,7 @@ def streamed_runs(r: Report, args, out: Path, big: tuple[Path, list[str], float 
     r.add("kvtrace curve (exact, streamed), peak RSS", fmt_bytes(run.peak_rss_bytes), f"<= {fmt_bytes(RSS_TARGET)}",
           run.peak_rss_bytes <= RSS_TARGET, command_text(curve_args))
     r.add("in-memory estimate of the same run (would need)",
-          fmt_bytes(n * 80) + " (80 B/access, kvtrace.stream.IN_MEMORY_BYTES_PER_ACCESS)")
+          fmt_bytes(n * 80) + " (80 B/access, kvtrace.ingest.stream.IN_MEMORY_BYTES_PER_ACCESS)")
     exact = pl.read_parquet(exact_out)
 
     # 2. sampled, streamed
@@ -218,7 +218,7 @@ def dask_runs(r: Report, args, out: Path) -> None:
     r.add("capacities where the error exceeds the bound", f"{int((err > bound + 1e-12).sum())} of {err.size}",
           "0", bool((err <= bound + 1e-12).all()))
     # 7. 10B accesses on 16 nodes, from the measured per-worker throughput
-    from kvtrace.distributed import estimate_cluster
+    from kvtrace.analyses.distributed import estimate_cluster
 
     alone = dn / runs[1][0].seconds  # one worker with the machine to itself, as on a node of its own
     shared = dn / runs[2][0].seconds / 2  # two workers sharing this machine's 2 vCPUs
@@ -232,7 +232,7 @@ def dask_runs(r: Report, args, out: Path) -> None:
           f"{fmt_bytes(e['shuffle_bytes'])} shuffled over the network")
     r.note("The 10B estimate scales the measured end-to-end per-worker rate linearly: "
            f"{BIG / NODES / 1e6:.0f}M accesses per node. Memory per node is a conservative sum "
-           "(kvtrace.distributed.estimate_cluster: its share of the map output, 28 B/access, its finished "
+           "(kvtrace.analyses.distributed.estimate_cluster: its share of the map output, 28 B/access, its finished "
            "partitions, 42 B/access, and one reduce task's peak, 81 B/access of a partition). Left out: "
            "reading the Parquet from a shared file system (each map task reads only its row groups), the "
            "network time of the shuffle, and partition imbalance (hash partitions balance blocks, not "

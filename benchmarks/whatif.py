@@ -35,8 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     path, synth_args, _ = synth_trace("chat", args.accesses, "parquet", keep=args.keep)
 
     from kvtrace.ingest import load_trace
-    from kvtrace.value import future_reuse
-    from kvtrace.whatif import TierConfig, simulate, sweep
+    from kvtrace.analyses.value import future_reuse
+    from kvtrace.analyses.whatif import TierConfig, simulate, sweep
 
     warm_up_jit()
     trace = load_trace(path)

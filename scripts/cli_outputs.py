@@ -1,6 +1,6 @@
 """Every command's outputs on the bundled samples, written to one directory to diff.
 
-    python scripts/cli_outputs.py OUT_DIR
+    python scripts/cli_outputs.py OUT_DIR [NAME_PREFIX ...]    # only the commands named so
     diff -r OLD_DIR NEW_DIR        # empty: the CLI's outputs are byte-identical
 
 Each command of :data:`COMMANDS` runs in a fresh working directory; its exit code,
@@ -86,10 +86,12 @@ def run(name: str, args: str, out: Path) -> None:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
+    out, prefixes = Path(sys.argv[1]), tuple(sys.argv[2:])
     if out.exists():
         shutil.rmtree(out)
     for name, args in COMMANDS:
+        if prefixes and not name.startswith(prefixes):
+            continue
         run(name, args, out)
         print(name, (out / name / "_exit").read_text().strip(), flush=True)
 

@@ -16,9 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "app"), str(ROOT / "analytics")]  # kvapp (the dashboard's charts) and kvtrace
+sys.path[:0] = [str(ROOT / "analytics")]
 
-from kvtrace import appdata  # noqa: E402
+from kvtrace.results import appdata  # noqa: E402
 
 SAMPLES = ROOT / "sample_traces"
 OUT = ROOT / "docs" / "gallery"
@@ -36,7 +36,7 @@ def _trace(name: str):
 
 @lru_cache(maxsize=None)
 def _curve(name: str, by: str | None = None, capacities: tuple = ()):
-    from kvtrace.curves import compute_curve
+    from kvtrace.analyses.curves import compute_curve
 
     return compute_curve(_trace(name), by=by, capacities=list(capacities) or None)
 
@@ -45,7 +45,7 @@ def _curve(name: str, by: str | None = None, capacities: tuple = ()):
 def _whatif_table():
     """The issue's grid: ``kvtrace whatif chat.jsonl --grid --dram 16GiB,64GiB
     --flash 1TiB,4TiB,16TiB --policy all,second-hit,tinylfu`` (18 configurations)."""
-    from kvtrace.whatif import TierConfig, simulate, summary_table
+    from kvtrace.analyses.whatif import TierConfig, simulate, summary_table
 
     rows = [simulate(_trace("chat.jsonl"), TierConfig(d, flash_bytes=f, policy=p)).summary
             for d in ("16GiB", "64GiB") for f in ("1TiB", "4TiB", "16TiB") for p in ("all", "second-hit", "tinylfu")]
@@ -54,13 +54,13 @@ def _whatif_table():
 
 @lru_cache(maxsize=None)
 def _sizing():
-    from kvtrace.sizing import default_config, recommend
+    from kvtrace.analyses.sizing import default_config, recommend
 
     return recommend(_trace("chat.jsonl"), default_config(), trace_name="chat.jsonl")
 
 
 def _app_curve(name: str, by: str | None):
-    from kvapp import charts as app_charts
+    from kvtrace.app import charts as app_charts
 
     result = _curve(name, by)
     metric = "prefix_token_hit_rate"
@@ -72,7 +72,7 @@ def _app_curve(name: str, by: str | None):
 
 
 def _overview(kind: str):
-    from kvapp import charts as app_charts
+    from kvtrace.app import charts as app_charts
 
     t = _trace("chat.jsonl")
     if kind == "arrivals":
@@ -86,31 +86,31 @@ def _overview(kind: str):
 
 
 def _charts():
-    from kvtrace import charts
+    from kvtrace.results import charts
 
     return charts
 
 
 def _app_charts():
-    from kvapp import charts as app_charts
+    from kvtrace.app import charts as app_charts
 
     return app_charts
 
 
 #: name -> (the builder it shows, as "module.function", a function returning the chart).
 GALLERY = {
-    "curve": ("kvtrace.charts.curve_chart", lambda: _charts().curve_chart(_curve("chat.jsonl"))),
-    "curve-sparse": ("kvtrace.charts.curve_chart",
+    "curve": ("kvtrace.results.charts.curve_chart", lambda: _charts().curve_chart(_curve("chat.jsonl"))),
+    "curve-sparse": ("kvtrace.results.charts.curve_chart",
                      lambda: _charts().curve_chart(_curve("chat.jsonl", capacities=(64 * GiB, TiB)))),
-    "curve-by-type": ("kvtrace.charts.curve_chart", lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
-    "frontier": ("kvtrace.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
-    "sizing-curve": ("kvtrace.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
-    "sizing-cost": ("kvtrace.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
-    "app-arrivals": ("kvapp.charts.arrivals", lambda: _overview("arrivals")),
-    "app-input-length": ("kvapp.charts.log_histogram", lambda: _overview("input")),
-    "app-reuse-time": ("kvapp.charts.log_histogram", lambda: _overview("reuse")),
-    "app-curve-by-type": ("kvapp.charts.curve", lambda: _app_curve("mixed.parquet", "type")),
-    "app-latency": ("kvapp.charts.latency",
+    "curve-by-type": ("kvtrace.results.charts.curve_chart", lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
+    "frontier": ("kvtrace.results.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
+    "sizing-curve": ("kvtrace.results.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
+    "sizing-cost": ("kvtrace.results.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
+    "app-arrivals": ("kvtrace.app.charts.arrivals", lambda: _overview("arrivals")),
+    "app-input-length": ("kvtrace.app.charts.log_histogram", lambda: _overview("input")),
+    "app-reuse-time": ("kvtrace.app.charts.log_histogram", lambda: _overview("reuse")),
+    "app-curve-by-type": ("kvtrace.app.charts.curve", lambda: _app_curve("mixed.parquet", "type")),
+    "app-latency": ("kvtrace.app.charts.latency",
                     lambda: _app_charts().latency(appdata.latency_table(_whatif_table().head(9)))
                     .properties(width=APP_WIDTH)),
 }

@@ -163,7 +163,7 @@ def lru_simulate(block, size, req_start, capacity, prefix_aware):
 
 # --- curve metrics twin ---
 #
-# The specification of every column of the curve table (kvtrace.curves, DESIGN §3) at
+# The specification of every column of the curve table (kvtrace.analyses.curves, DESIGN §3) at
 # one capacity, by replaying the trace through ``lru_simulate`` (an explicit
 # OrderedDict byte-LRU). Nothing here uses kvtrace's kernels, distances or grids.
 
@@ -335,7 +335,7 @@ def curve_metrics(trace_like, capacity_tokens, model, gpu, prefix_aware, first_m
 
 # --- future reuse twin ---
 #
-# The specification of kvtrace.kernels.future and kvtrace.value (DESIGN §2 "Future
+# The specification of kvtrace.kernels.future and kvtrace.analyses.value (DESIGN §2 "Future
 # reuse", seed §9), by brute force over plain lists: every access scans every later
 # access (O(N^2)), the keep/drop optimum is searched over runs of kept intervals, and
 # the time-to-live schedule is replayed stay by stay. Nothing here uses kvtrace's
@@ -443,7 +443,7 @@ def best_keep_value_enumerated(block, n_blocks, keepable, interval_value, write_
 
 
 def value_tables(trace_like, model, gpu, horizon, write, read, occupancy):
-    """Everything kvtrace.value reports, from the access lists by brute force.
+    """Everything kvtrace.analyses.value reports, from the access lists by brute force.
 
     Parameters
     ----------
@@ -582,7 +582,7 @@ def visit_blocks(block, request, pos, n_blocks):
     return prev, count, first_request, first_pos, last_request
 
 
-#: the threshold of kvtrace.value's shared root (kvtrace.curves.SHARED_FIRST_BLOCK_SHARE)
+#: the threshold of kvtrace.analyses.value's shared root (kvtrace.analyses.curves.SHARED_FIRST_BLOCK_SHARE)
 SHARED_FIRST_BLOCK_SHARE_TWIN = 0.99
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import naive
-from kvtrace import synth
+from kvtrace.ingest import synth
 from kvtrace.ingest import load_trace
 from kvtrace.trace import Trace
 

@@ -1,5 +1,5 @@
 """The dashboard (``app/``, ``kvtrace app``) under Streamlit's AppTest, and its glue
-module :mod:`kvtrace.appdata`.
+module :mod:`kvtrace.results.appdata`.
 
 One parametrised test launches every page; the page tests drive widgets and check
 that the numbers shown change and equal the library's results, computed here
@@ -20,20 +20,20 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from kvtrace import appdata
+from kvtrace.results import appdata
 from kvtrace.cli import app as cli_app
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import load_trace
 from kvtrace.model import resolve_gpu, resolve_model
-from kvtrace.response import ResponseModel
-from kvtrace.stats import trace_stats
+from kvtrace.analyses.response import ResponseModel
+from kvtrace.analyses.stats import trace_stats
 from kvtrace.units import format_bytes
-from kvtrace.whatif import TierConfig, simulate
+from kvtrace.analyses.whatif import TierConfig, simulate
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = ROOT / "app" / "kvtrace_app.py"
+ENTRY = ROOT / "analytics" / "kvtrace" / "app" / "kvtrace_app.py"
 CHAT = ROOT / "sample_traces" / "chat.jsonl"
 MIXED = ROOT / "sample_traces" / "mixed.parquet"
 PAGES = ("views/overview.py", "views/curves.py", "views/whatifs.py", "views/sizing.py")
@@ -330,7 +330,7 @@ def test_whatifs_invalid_options_are_one_line():
 
 # --------------------------------------------------------------------------- sizing
 
-needs_sizing = pytest.mark.skipif(not appdata.sizing_available(), reason="kvtrace.sizing is not in this checkout")
+needs_sizing = pytest.mark.skipif(not appdata.sizing_available(), reason="kvtrace.analyses.sizing is not in this checkout")
 
 
 def _card(at: AppTest) -> str:
@@ -348,7 +348,7 @@ def _expected_card(rec) -> str:
 
 def _sizing_tables(at: AppTest) -> dict[str, pl.DataFrame]:
     """The candidate table under each lens (the lens radio switched through)."""
-    from kvtrace.sizing import LENSES
+    from kvtrace.analyses.sizing import LENSES
 
     out = {}
     radio = next(w for w in at.radio if w.key == "sz_lens")
@@ -379,7 +379,7 @@ def _sz_field(at: AppTest, key: str):
 def test_sizing_page_shows_the_librarys_recommendation(chat):
     import dataclasses
 
-    from kvtrace.sizing import LENSES, default_config, recommend
+    from kvtrace.analyses.sizing import LENSES, default_config, recommend
 
     at = launch("views/sizing.py")
     assert not at.error
@@ -430,7 +430,7 @@ def test_sizing_card_says_when_no_configuration_is_feasible(chat):
     'Recommendation:' headline or a success."""
     import dataclasses
 
-    from kvtrace.sizing import default_config, recommend
+    from kvtrace.analyses.sizing import default_config, recommend
 
     at = launch("views/sizing.py")
     assert at.success and not at.warning  # the default config is feasible
@@ -477,7 +477,7 @@ def test_whatifs_table_shows_the_percentiles_next_to_the_shares():
 
 @needs_sizing
 def test_sizing_config_upload_and_errors(chat, tmp_path):
-    from kvtrace.sizing import load_config, recommend
+    from kvtrace.analyses.sizing import load_config, recommend
 
     example = (ROOT / "sample_traces" / "tiers.example.toml").read_text()
     text = example.replace('dram = "64GiB"', 'dram = "128GiB"').replace("p99_ms = 600.0", "p99_ms = 900.0")
@@ -589,7 +589,7 @@ def test_sidebar_choices_survive_a_page_switch():
 
 
 def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatch):
-    from kvtrace import synth
+    from kvtrace.ingest import synth
 
     df, meta = synth.generate("chat", 300, 4242)  # a trace no other test has cached
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
@@ -597,10 +597,10 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
     b.write_bytes(a.read_bytes())
     monkeypatch.setenv(appdata.ENV_DATA_DIR, str(tmp_path))
     at = launch()
-    import kvapp.cached
+    import kvtrace.app.cached
 
     calls = {"load": 0, "distances": 0}
-    real_load, real_dist = appdata._load, kvapp.cached.reuse_distances
+    real_load, real_dist = appdata._load, kvtrace.app.cached.reuse_distances
 
     def load(*args, **kw):
         calls["load"] += 1
@@ -611,7 +611,7 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
         return real_dist(*args, **kw)
 
     monkeypatch.setattr(appdata, "_load", load)
-    monkeypatch.setattr(kvapp.cached, "reuse_distances", dist)
+    monkeypatch.setattr(kvtrace.app.cached, "reuse_distances", dist)
     set_sidebar(at, "kv_source", "server path")
     set_sidebar(at, "kv_path", str(a))
     at.switch_page("views/curves.py").run()
@@ -774,5 +774,5 @@ def test_app_command_missing_trace_is_one_line():
 
 
 def test_appdata_never_imports_streamlit():
-    code = "import sys, kvtrace.appdata, kvtrace.cli; assert 'streamlit' not in sys.modules, 'streamlit imported'"
+    code = "import sys, kvtrace.results.appdata, kvtrace.cli; assert 'streamlit' not in sys.modules, 'streamlit imported'"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace import appdata
+from kvtrace.results import appdata
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -124,7 +124,7 @@ def _assert_no_exception(page) -> None:
 
 def _sizing_available() -> bool:
     try:
-        from kvtrace import sizing  # noqa: F401
+        from kvtrace.analyses import sizing  # noqa: F401
     except ImportError:
         return False
     return hasattr(sizing, "recommend")

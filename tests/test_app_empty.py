@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvtrace import appdata
+from kvtrace.results import appdata
 from kvtrace.cli import app as cli_app
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = ROOT / "app" / "kvtrace_app.py"
+ENTRY = ROOT / "analytics" / "kvtrace" / "app" / "kvtrace_app.py"
 PAGES = ("views/overview.py", "views/curves.py", "views/whatifs.py", "views/sizing.py")
 TRACES = {
     "zero-length": [{"timestamp": 0, "input_length": 0, "output_length": 1, "hash_ids": []},
@@ -57,13 +57,13 @@ def test_every_page_renders(trace_file, page):
 @pytest.mark.parametrize("trace_file", ["zero-length"], indirect=True)
 def test_every_chart_builder_renders_empty_data_with_a_note(trace_file):
     import vl_convert as vlc
-    from kvapp import charts as app_charts
+    from kvtrace.app import charts as app_charts
 
-    from kvtrace import charts
-    from kvtrace.curves import compute_curve
+    from kvtrace.results import charts
+    from kvtrace.analyses.curves import compute_curve
     from kvtrace.ingest import load_trace
-    from kvtrace.sizing import default_config, recommend
-    from kvtrace.whatif import TierConfig, simulate, summary_table
+    from kvtrace.analyses.sizing import default_config, recommend
+    from kvtrace.analyses.whatif import TierConfig, simulate, summary_table
 
     trace = load_trace(trace_file)
     curve = compute_curve(trace)

@@ -18,9 +18,9 @@ import pytest
 from test_app import ENTRY, TIMEOUT, charts, clean, metrics, pct, set_sidebar, table
 from typer.testing import CliRunner
 
-from kvtrace import appdata
+from kvtrace.results import appdata
 from kvtrace.cli import app as cli_app
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import LogOptions, load_trace
 from kvtrace.units import format_bytes
 
@@ -69,7 +69,7 @@ def chat_log(data) -> Path:
 
 def launched(monkeypatch, trace: Path, options: appdata.LoadOptions, **kw) -> AppTest:
     """The Overview page as ``kvtrace app TRACE`` serves it (its environment, from
-    :func:`kvtrace.appdata.streamlit_command`)."""
+    :func:`kvtrace.results.appdata.streamlit_command`)."""
     _argv, env = appdata.streamlit_command(trace, options=options, **kw)
     for k, v in env.items():
         if k.startswith("KVTRACE_APP_"):

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace import appdata
+from kvtrace.results import appdata
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = ROOT / "app" / "kvtrace_app.py"
+ENTRY = ROOT / "analytics" / "kvtrace" / "app" / "kvtrace_app.py"
 CHAT = ROOT / "sample_traces" / "chat.jsonl"
 SECRET = "AKIAIOSFODNN7EXAMPLE"
 SECRET_LINE = f"aws_secret_access_key={SECRET}"
@@ -253,7 +253,7 @@ def test_a_stopped_run_stops_its_work_at_the_next_progress_callback(data, monkey
     (``WebsocketSessionManager.disconnect_session`` -> ``AppSession.request_script_stop``),
     then waits for the run to end. The work here reports progress every millisecond
     and would take 1000 s; the progress bar redraws only every 2%, i.e. every 20 s."""
-    import kvapp.cached
+    import kvtrace.app.cached
 
     shutil.copy(CHAT, data / "chat.jsonl")
     steps = []
@@ -266,8 +266,8 @@ def test_a_stopped_run_stops_its_work_at_the_next_progress_callback(data, monkey
             progress(i, total)
         raise AssertionError("the work ran to completion after its run was stopped")
 
-    monkeypatch.setattr(kvapp.cached, "reuse_distances", endless)
-    kvapp.cached.distances.clear()
+    monkeypatch.setattr(kvtrace.app.cached, "reuse_distances", endless)
+    kvtrace.app.cached.distances.clear()
     at = server_path("chat.jsonl")
     assert not at.error, at.error[0].value
     t0 = time.monotonic()

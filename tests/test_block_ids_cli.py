@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from cli_helpers import one_line_error
 from kvtrace.cli import app
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import load_trace
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,7 +15,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from kvtrace import charts
+from kvtrace.results import charts
 
 ROOT = Path(__file__).resolve().parent.parent
 GiB, TiB = 2**30, 2**40
@@ -115,11 +115,11 @@ def test_cost_axis_has_readable_dollar_ticks():
 
 
 def test_every_public_chart_builder_is_in_the_gallery(gallery):
-    from kvapp import charts as app_charts
+    from kvtrace.app import charts as app_charts
 
-    builders = {f"kvtrace.charts.{n}" for n, f in inspect.getmembers(charts, inspect.isfunction)
+    builders = {f"kvtrace.results.charts.{n}" for n, f in inspect.getmembers(charts, inspect.isfunction)
                 if n.endswith("_chart") and n != "save_chart" and f.__module__ == charts.__name__}
-    builders |= {f"kvapp.charts.{n}" for n, f in inspect.getmembers(app_charts, inspect.isfunction)
+    builders |= {f"kvtrace.app.charts.{n}" for n, f in inspect.getmembers(app_charts, inspect.isfunction)
                  if not n.startswith("_") and f.__module__ == app_charts.__name__}
     shown = {builder for builder, _ in gallery.GALLERY.values()}
     assert builders <= shown, builders - shown

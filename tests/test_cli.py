@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from cli_helpers import one_line_error
 from kvtrace.cli import app
-from kvtrace.curves import KNEE_FRACTIONS, KNEE_METRICS, compute_curve
+from kvtrace.analyses.curves import KNEE_FRACTIONS, KNEE_METRICS, compute_curve
 from kvtrace.ingest import load_trace, read_metadata
 from kvtrace.model import resolve_model
 
@@ -607,7 +607,7 @@ def test_curve_by_session_length_without_sessions(tmp_path):
 
 def test_value_json_and_tables_equal_the_library(tmp_path):
     from kvtrace.ingest import load_trace
-    from kvtrace.value import StorageCosts, value_report
+    from kvtrace.analyses.value import StorageCosts, value_report
 
     blocks, prefixes = tmp_path / "b.parquet", tmp_path / "p.csv"
     res = run("value", CHAT, "--horizon", "10min", "--write-cost", "1", "--occupancy-cost", "5",
@@ -634,9 +634,9 @@ def test_value_bad_options(tmp_path):
 
 
 def test_whatif_table_equals_the_library_and_dram_matches_the_curve(tmp_path):
-    from kvtrace.curves import compute_curve
+    from kvtrace.analyses.curves import compute_curve
     from kvtrace.ingest import load_trace
-    from kvtrace.whatif import TierConfig, simulate
+    from kvtrace.analyses.whatif import TierConfig, simulate
 
     out = tmp_path / "w.parquet"
     ok(run("whatif", CHAT, "--dram", "64GiB", "--flash", "512GiB", "--policy", "all,second-hit", "--out", out,

@@ -1,4 +1,4 @@
-"""Capacity-hit curves (kvtrace.curves, DESIGN §3) vs a brute-force twin.
+"""Capacity-hit curves (kvtrace.analyses.curves, DESIGN §3) vs a brute-force twin.
 
 ``naive.curve_metrics`` replays the trace through an explicit OrderedDict byte-LRU
 (``naive.lru_simulate``) at one capacity and computes every column of the curve table
@@ -22,7 +22,7 @@ from polars.testing import assert_frame_equal
 
 import naive
 
-from kvtrace.curves import KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, VALUE_COLUMNS, compute_curve
+from kvtrace.analyses.curves import KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, VALUE_COLUMNS, compute_curve
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.canonical import requests_to_trace
 from kvtrace.model import ModelSpec, resolve_gpu, resolve_model
@@ -614,7 +614,7 @@ def test_turn_and_session_length_groups_partition_the_trace(by):
     up to the whole trace's (a shared cache: each group's rates are its own)."""
     from pathlib import Path
 
-    from kvtrace.curves import group_labels
+    from kvtrace.analyses.curves import group_labels
     from kvtrace.ingest import load_trace
 
     trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "mixed.parquet")

@@ -1,4 +1,4 @@
-"""Distributed runs (kvtrace.distributed): partitioned curves and what-if sweeps.
+"""Distributed runs (kvtrace.analyses.distributed): partitioned curves and what-if sweeps.
 
 Without Dask, the same tasks run in this process (``SerialClient``): one partition is
 the exact curve, P partitions stay within the documented error bound of it. With
@@ -18,16 +18,16 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-from kvtrace import synth
+from kvtrace.ingest import synth
 from kvtrace.cli import app
-from kvtrace.curves import HEADLINE, RATE_COLUMNS, compute_curve
-from kvtrace.distributed import SerialClient, error_band, partitioned_curve
-from kvtrace.distributed import sweep as dask_sweep
+from kvtrace.analyses.curves import HEADLINE, RATE_COLUMNS, compute_curve
+from kvtrace.analyses.distributed import SerialClient, error_band, partitioned_curve
+from kvtrace.analyses.distributed import sweep as dask_sweep
 from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
 from kvtrace.kernels.densify import _mix
 from kvtrace.kernels.partition import partition_of
-from kvtrace.whatif import TierConfig, sweep
+from kvtrace.analyses.whatif import TierConfig, sweep
 
 try:
     import distributed  # noqa: F401
@@ -173,7 +173,7 @@ def test_cli_engine_dask(chat, tmp_path):
 
 NOJIT_SCRIPT = r"""
 import json, sys
-from kvtrace.distributed import SerialClient, partitioned_curve
+from kvtrace.analyses.distributed import SerialClient, partitioned_curve
 out = {}
 for ev in ("prefix-aware", "flat"):
     r = partitioned_curve(sys.argv[1], client=SerialClient(), partitions=3, eviction=ev, points=30)

@@ -1,4 +1,4 @@
-"""The DESIGN §4-5 calculators (``kvtrace.estimate``, ``kvtrace estimate``).
+"""The DESIGN §4-5 calculators (``kvtrace.analyses.estimate``, ``kvtrace estimate``).
 
 Golden values are DESIGN's published worked examples (seed §5-8); every other
 expectation is computed by hand in the test.
@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from cli_helpers import one_line_error
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
-from kvtrace.estimate import bandwidth, cost_benefit, gpu_hours_saved_per_month, latency, monthly_cost, parse_rate
+from kvtrace.analyses.estimate import bandwidth, cost_benefit, gpu_hours_saved_per_month, latency, monthly_cost, parse_rate
 
 GiB = 2**30
 RUNNER = CliRunner()

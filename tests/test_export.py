@@ -1,4 +1,4 @@
-"""``kvtrace.export``: the analysis database, its tables, macros and atomic writing.
+"""``kvtrace.results.export``: the analysis database, its tables, macros and atomic writing.
 
 Every table is checked against an independent computation: the slow twin of the
 stack-distance kernel (``tests/naive.py``) for distances and reuse times, a brute-force
@@ -25,17 +25,17 @@ from sql_helpers import (  # noqa: F401 (ex, fixture_path, trace: shared fixture
     GiB, MOONCAKE, TiB, ex, expect, fixture_path, percentile, trace,
 )
 
-from kvtrace.curves import KNEE_FRACTIONS, RATE_COLUMNS, compute_curve
+from kvtrace.analyses.curves import KNEE_FRACTIONS, RATE_COLUMNS, compute_curve
 from kvtrace.errors import KvtraceError
-from kvtrace.export import TABLES, build_database, example_files, export_database, install_sql, is_database, \
+from kvtrace.results.export import TABLES, build_database, example_files, export_database, install_sql, is_database, \
     parquet_views_sql, sql_dir
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.canonical import requests_to_trace
 from kvtrace.model import resolve_gpu, resolve_model
 from kvtrace.outputs import write_table
-from kvtrace.stats import trace_stats
+from kvtrace.analyses.stats import trace_stats
 from kvtrace.trace import TraceMeta
-from kvtrace.value import value_report
+from kvtrace.analyses.value import value_report
 
 LLAMA70 = resolve_model(None)
 BPT = LLAMA70.kv_bytes_per_token
@@ -367,7 +367,7 @@ def test_export_replaces_atomically_and_a_failure_keeps_the_old_database(trace, 
     assert is_database(dest) and first.bytes == dest.stat().st_size
     before = dest.read_bytes()
 
-    import kvtrace.export as export_mod
+    import kvtrace.results.export as export_mod
 
     def broken(*args, **kwargs):
         raise KvtraceError("boom")
@@ -390,7 +390,7 @@ def test_export_replaces_atomically_and_a_failure_keeps_the_old_database(trace, 
 
 
 def test_failure_inside_duckdb_leaves_nothing(trace, tmp_path, monkeypatch):
-    import kvtrace.export as export_mod
+    import kvtrace.results.export as export_mod
 
     real = export_mod.install_sql
 
@@ -465,8 +465,8 @@ def test_sql_files_are_found_and_shipped():
     assert (d / "views.sql").is_file() and (d / "macros.sql").is_file()
     assert 6 <= len(example_files()) <= 10
     root = Path(__file__).resolve().parents[1]
-    assert (root / "sql" / "views.sql").read_text() == (d / "views.sql").read_text()
-    assert 'kvtrace = ["sql/*.sql", "sql/examples/*.sql"]' in (root / "pyproject.toml").read_text()
+    assert d == root / "analytics" / "kvtrace" / "sql"
+    assert '"kvtrace.sql" = ["*.sql", "examples/*.sql"]' in (root / "pyproject.toml").read_text()
 
 
 # --------------------------------------------------------------------------- real trace

@@ -1,4 +1,4 @@
-"""The resource guard holds before the read (kvtrace.guard.check_before_read), the
+"""The resource guard holds before the read (kvtrace.ingest.guard.check_before_read), the
 decompression is bounded, and a streamed scan splits a huge row group.
 
 The subprocess tests run the real command under ``KVTRACE_MEMORY_BUDGET=512MiB`` and
@@ -24,13 +24,13 @@ from numpy.testing import assert_array_equal
 
 import kvtrace.ingest.canonical as canonical_mod
 import kvtrace.ingest.chunks as chunks_mod
-from kvtrace import guard
-from kvtrace.curves import compute_curve
+from kvtrace.ingest import guard
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.errors import KvtraceError
 from kvtrace.ingest import load_requests, load_trace
 from kvtrace.ingest.chunks import ParquetRequests
 from kvtrace.ingest.jsonl import _decompress
-from kvtrace.stream import open_stream
+from kvtrace.ingest.stream import open_stream
 
 BUDGET = "512MiB"
 BUDGET_BYTES = 512 << 20

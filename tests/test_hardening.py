@@ -372,7 +372,7 @@ def test_memory_guard_refuses_before_the_run(tmp_path):
     out = tmp_path / "c.parquet"
     msg = one_line_error(run("curve", CHAT, "--out", out, env={"KVTRACE_MEMORY_BUDGET": "1MiB"}))
     assert msg.startswith(f"{CHAT}: an exact kvtrace curve of this trace needs about ")
-    # clearly over: refused before the read (kvtrace.guard.check_before_read), from a
+    # clearly over: refused before the read (kvtrace.ingest.guard.check_before_read), from a
     # first read that covers this small file, so the counts are exact
     assert "estimated before reading it" in msg and "32,158 block accesses and 4,000 requests" in msg
     assert "KVTRACE_MEMORY_BUDGET allows 1 MiB" in msg and "--stream" in msg
@@ -393,7 +393,7 @@ def test_memory_guard_refuses_before_the_run(tmp_path):
 
 
 def test_memory_estimate_matches_the_measured_curve():
-    from kvtrace.guard import estimate_bytes
+    from kvtrace.ingest.guard import estimate_bytes
 
     # README performance table: 2.34 GB peak for 30.0M accesses, 5.3M distinct blocks
     # (the ~0.27 GB of the interpreter and compiled kernels come on top of the estimate)
@@ -454,12 +454,12 @@ def test_file_names_with_newlines_stay_on_one_line(tmp_path):
 
 
 def test_internal_errors_are_one_line_and_debug_shows_them(monkeypatch, tmp_path):
-    import kvtrace.stats
+    import kvtrace.analyses.stats
 
     def boom(*a, **k):
         raise ZeroDivisionError("a bug")
 
-    monkeypatch.setattr(kvtrace.stats, "trace_stats", boom)
+    monkeypatch.setattr(kvtrace.analyses.stats, "trace_stats", boom)
     path = write(tmp_path, "g.jsonl", lines(*GOOD))
     res = run("stats", path)
     assert res.exit_code == 1 and "Traceback" not in res.stderr

@@ -71,7 +71,7 @@ def test_group_table_is_at_the_knee_itself_with_each_groups_true_ceiling():
     evaluated at those capacities directly."""
     import polars as pl
 
-    from kvtrace.curves import compute_curve
+    from kvtrace.analyses.curves import compute_curve
     from kvtrace.ingest import load_trace
 
     trace = load_trace(MIXED)
@@ -121,7 +121,7 @@ def test_a_first_block_every_request_shares_is_pointed_out(tmp_path):
 def test_sweep_parallelism_follows_the_estimated_work(monkeypatch):
     import os
 
-    from kvtrace import whatif
+    from kvtrace.analyses import whatif
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     rate, start = whatif.REPLAY_ACCESSES_PER_S, whatif.WORKER_START_S

@@ -5,7 +5,7 @@ stream (DESIGN §2): access t hits at capacity C iff ``dist[t] <= C``. libCacheS
 ``LRU`` fed the same stream, with each block's bytes as its object size, is an
 independent implementation of the same cache, so at every capacity the number of hits
 and the bytes hit must match exactly — through ``dist <= C`` directly and through
-:func:`kvtrace.curves.compute_curve`'s ``block_hit_rate`` / ``byte_hit_rate``.
+:func:`kvtrace.analyses.curves.compute_curve`'s ``block_hit_rate`` / ``byte_hit_rate``.
 
 Every capacity tested is at least the largest object: libCacheSim bypasses an object
 larger than the cache (not admitted, nothing evicted) while kvtrace's stack model
@@ -26,8 +26,8 @@ lcs = pytest.importorskip("libcachesim")
 
 from libcachesim_ref import HitCounts, lru_hit_counts, lru_hit_counts_many  # noqa: E402
 
-from kvtrace.curves import compute_curve  # noqa: E402
-from kvtrace.distances import reuse_distances  # noqa: E402
+from kvtrace.analyses.curves import compute_curve  # noqa: E402
+from kvtrace.analyses.distances import reuse_distances  # noqa: E402
 from kvtrace.ingest import load_trace  # noqa: E402
 from kvtrace.kernels.stackdist import COLD  # noqa: E402
 from kvtrace.model import resolve_model  # noqa: E402

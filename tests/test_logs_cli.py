@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from kvtrace.cli import app
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import LogOptions, load_trace
 from kvtrace.ingest.chat import load_chat_trace
 from kvtrace.ingest.tokens import TokenFields, load_token_trace

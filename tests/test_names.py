@@ -130,7 +130,7 @@ def test_cli_tables_print_each_metric_under_its_label():
     for col in ("request_hit_rate", "prefix_token_hit_rate", "token_hit_rate", "compute_saved_rate",
                 "gpu_seconds_saved_per_hour", "usd_saved_per_hour", "read_mean_bytes_per_s"):
         assert names.label(col) in out, col
-    from kvtrace import appdata, charts
+    from kvtrace.results import appdata, charts
     assert set(charts.CURVE_METRICS.values()) <= set(names.LABELS.values())
     assert set(appdata.CURVE_METRICS) <= set(names.LABELS.values())
 

@@ -19,9 +19,9 @@ SCRIPT = r"""
 import json, sys
 import numpy as np
 from kvtrace.ingest import load_trace
-from kvtrace.curves import compute_curve
-from kvtrace.distances import reuse_distances
-from kvtrace.stats import trace_stats
+from kvtrace.analyses.curves import compute_curve
+from kvtrace.analyses.distances import reuse_distances
+from kvtrace.analyses.stats import trace_stats
 tr = load_trace(sys.argv[1])
 out = {}
 for ev in ("prefix-aware", "flat"):
@@ -32,8 +32,8 @@ for ev in ("prefix-aware", "flat"):
         "prev": d.prev_request.tolist(), "curve": r.curve.to_dicts(), "knees": r.knees.to_dicts(),
     }
 out["sampled"] = compute_curve(tr, sample_rate=0.5, points=20).curve.to_dicts()
-from kvtrace.value import future_reuse
-from kvtrace.whatif import TierConfig, simulate
+from kvtrace.analyses.value import future_reuse
+from kvtrace.analyses.whatif import TierConfig, simulate
 fr = future_reuse(tr)
 out["value"] = fr.value_usd.tolist()
 for policy in ("all", "tinylfu", "value>=0"):

@@ -184,7 +184,7 @@ def test_output_locations_are_checked_before_the_work(traces):
 
 def test_a_later_failing_output_leaves_an_earlier_one_unreplaced(traces, monkeypatch):
     """Validate all, then write all: --out is complete when --plot fails, and stays unreplaced."""
-    import kvtrace.charts
+    import kvtrace.results.charts
 
     d = traces
     (d / "existing.parquet").write_bytes(b"previous content")
@@ -195,7 +195,7 @@ def test_a_later_failing_output_leaves_an_earlier_one_unreplaced(traces, monkeyp
             tmp.write_text("half a chart")
             raise RuntimeError("the renderer crashed")
 
-    monkeypatch.setattr(kvtrace.charts, "save_chart", failing_save_chart)
+    monkeypatch.setattr(kvtrace.results.charts, "save_chart", failing_save_chart)
     res = run("curve", d / "t.jsonl", "--out", d / "existing.parquet", "--plot", d / "c.html")
     assert res.exit_code == 1 and "the renderer crashed" in res.stderr
     assert (d / "existing.parquet").read_bytes() == b"previous content"
@@ -321,8 +321,8 @@ def test_options_that_used_to_run_something_else_are_usage_errors(tmp_path, args
 
 
 def test_out_of_memory_names_the_trace_and_advice_that_fits(tmp_path, monkeypatch):
-    import kvtrace.curves
-    import kvtrace.stats
+    import kvtrace.analyses.curves
+    import kvtrace.analyses.stats
 
     t = tmp_path / "t.jsonl"
     t.write_text(TRACE)
@@ -330,11 +330,11 @@ def test_out_of_memory_names_the_trace_and_advice_that_fits(tmp_path, monkeypatc
     def oom(*a, **k):
         raise MemoryError
 
-    monkeypatch.setattr(kvtrace.curves, "compute_curve", oom)
+    monkeypatch.setattr(kvtrace.analyses.curves, "compute_curve", oom)
     msg = one_line_error(run("curve", t), code=1)
     assert msg == f"{t}: out of memory in kvtrace curve: try --stream (a Parquet trace; convert it once with " \
                   "kvtrace ingest) or --sample-rate 0.01"
-    monkeypatch.setattr(kvtrace.stats, "trace_stats", oom)
+    monkeypatch.setattr(kvtrace.analyses.stats, "trace_stats", oom)
     msg = one_line_error(run("stats", t), code=1)
     assert msg.startswith(f"{t}: out of memory in kvtrace stats: ") and "--sample-rate" not in msg
 

@@ -1,4 +1,4 @@
-"""Output files (kvtrace.outputs), charts (kvtrace.charts) and units (kvtrace.units).
+"""Output files (kvtrace.outputs), charts (kvtrace.results.charts) and units (kvtrace.units).
 
 Every file kvtrace writes goes through ``atomic_path``: a failure or an interrupt
 in the middle of writing must leave the previous file byte for byte, and no
@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 from polars.testing import assert_frame_equal
 
-from kvtrace.charts import curve_chart, save_chart
-from kvtrace.curves import compute_curve
+from kvtrace.results.charts import curve_chart, save_chart
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.canonical import requests_to_trace
 from kvtrace.outputs import atomic_path, table_format, write_json_atomic, write_table, write_text_atomic

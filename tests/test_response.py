@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvtrace.errors import UsageError
-from kvtrace.response import ResponseModel, branch_latency, percentiles, request_times
+from kvtrace.analyses.response import ResponseModel, branch_latency, percentiles, request_times
 
 MS = 1e-3
 

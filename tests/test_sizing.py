@@ -1,4 +1,4 @@
-"""Tier sizing (``kvtrace.sizing``, ``kvtrace size``).
+"""Tier sizing (``kvtrace.analyses.sizing``, ``kvtrace size``).
 
 Lens tests run on a small cyclic trace whose answer is worked out by hand below:
 200 one-block requests cycling over 4 blocks A B C D, one second apart, 512-token
@@ -29,7 +29,7 @@ from kvtrace.cli import app
 from kvtrace.errors import KvtraceError
 from kvtrace.ingest import load_trace
 from kvtrace.model import resolve_gpu, resolve_model
-from kvtrace.sizing import (CANDIDATES, LENSES, SizingConfig, TierSpec, default_config, load_config, recommend,
+from kvtrace.analyses.sizing import (CANDIDATES, LENSES, SizingConfig, TierSpec, default_config, load_config, recommend,
                             report_html, report_markdown)
 
 if sys.version_info >= (3, 11):

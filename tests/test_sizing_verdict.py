@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kvtrace.cli import app
 from kvtrace.ingest import load_trace
-from kvtrace.sizing import recommend
+from kvtrace.analyses.sizing import recommend
 
 from test_sizing import GiB, mooncake, row, tiny_config
 

@@ -1,4 +1,4 @@
-"""Spill directories (kvtrace.spill): a killed streamed run's directory is removed by the next run, nothing else is.
+"""Spill directories (kvtrace.trace.spill): a killed streamed run's directory is removed by the next run, nothing else is.
 
 The owner of a directory is a real process: a child that opens a stream and waits,
 then is killed with SIGKILL (no chance to clean up), as the OOM killer would.
@@ -17,14 +17,16 @@ import time
 
 import pytest
 
-from kvtrace import spill, synth
-from kvtrace.stream import open_stream
+from kvtrace.trace import spill
+
+from kvtrace.ingest import synth
+from kvtrace.ingest.stream import open_stream
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="needs /proc (Linux)")
 
 HOLD = """
 import sys, time
-from kvtrace.stream import open_stream
+from kvtrace.ingest.stream import open_stream
 st = open_stream(sys.argv[1], spill_dir=sys.argv[2])
 print(st.spill, flush=True)
 time.sleep(600)
@@ -74,7 +76,7 @@ def test_a_killed_runs_dir_is_removed_and_a_live_ones_kept(trace, tmp_path, hold
     assert owner["pid"] == killed.pid and owner["start"] and owner["host"]
     kill(killed)
     assert os.path.isdir(killed_dir)  # SIGKILL: left behind
-    with caplog.at_level(logging.WARNING, logger="kvtrace.spill"):
+    with caplog.at_level(logging.WARNING, logger="kvtrace.trace.spill"):
         with open_stream(trace, spill_dir=tmp_path) as st:
             assert spill_dirs(tmp_path) == sorted([os.path.basename(alive_dir), st.spill.name])
             with open_stream(trace, spill_dir=tmp_path) as st2:  # this process's own open stream is kept
@@ -84,11 +86,11 @@ def test_a_killed_runs_dir_is_removed_and_a_live_ones_kept(trace, tmp_path, hold
     assert len(msgs) == 1 and killed_dir in msgs[0] and msgs[0].startswith("kvtrace: removed")
     kill(alive)
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="kvtrace.spill"):
+    with caplog.at_level(logging.WARNING, logger="kvtrace.trace.spill"):
         with open_stream(trace, spill_dir=tmp_path):
             pass
     assert spill_dirs(tmp_path) == [] and len(caplog.records) == 1
-    with caplog.at_level(logging.WARNING, logger="kvtrace.spill"):
+    with caplog.at_level(logging.WARNING, logger="kvtrace.trace.spill"):
         with open_stream(trace, spill_dir=tmp_path):
             pass
     assert len(caplog.records) == 1  # nothing removed: nothing said

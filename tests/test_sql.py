@@ -28,11 +28,11 @@ from sql_helpers import (  # noqa: F401 (ex, fixture_path, trace: shared fixture
 
 from cli_helpers import one_line_error
 from kvtrace.cli import app
-from kvtrace.curves import compute_curve
-from kvtrace.export import example_files, sql_dir
+from kvtrace.analyses.curves import compute_curve
+from kvtrace.results.export import example_files, sql_dir
 from kvtrace.model import resolve_gpu, resolve_model
-from kvtrace.sqlshell import open_database, repl, run_script
-from kvtrace.value import value_report
+from kvtrace.sql.shell import open_database, repl, run_script
+from kvtrace.analyses.value import value_report
 
 RUNNER = CliRunner()
 LLAMA70 = resolve_model(None)
@@ -498,7 +498,7 @@ def test_set_variables(db_path, ex):
 
 
 def test_readme_documents_the_schema_and_examples():
-    from kvtrace.export import TABLES
+    from kvtrace.results.export import TABLES
 
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     section = text[text.index("## SQL for analysts"):]

@@ -1,4 +1,4 @@
-"""Trace statistics (kvtrace.stats.trace_stats) against independent computations.
+"""Trace statistics (kvtrace.analyses.stats.trace_stats) against independent computations.
 
 The twins below are plain Python passes over the request rows (dicts, sets, sorted
 lists), written from DESIGN §1 without kvtrace code: trace order is the stable sort
@@ -20,7 +20,7 @@ import pytest
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.canonical import requests_to_trace
 from kvtrace.model import resolve_model
-from kvtrace.stats import PERCENTILES, trace_stats
+from kvtrace.analyses.stats import PERCENTILES, trace_stats
 from kvtrace.trace import TraceMeta
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,4 +1,4 @@
-"""Streamed ``kvtrace stats`` (kvtrace.stats on a StreamedTrace) equals the in-memory run bit for bit.
+"""Streamed ``kvtrace stats`` (kvtrace.analyses.stats on a StreamedTrace) equals the in-memory run bit for bit.
 
 Traces are Parquet tables in many row groups, and the streamed passes run on chunks of
 a few thousand accesses (``CHUNK_ACCESSES`` shrunk), so every carried state (block
@@ -6,7 +6,7 @@ visits, per-group counts and bits, the reuse-time spill) crosses many chunk
 boundaries. Comparisons are exact: dicts with ``==``, tables with
 ``assert_frame_equal(check_exact=True)``. The two pieces that are not the in-memory
 code run on other data, the out-of-core order statistics and numpy's percentile
-interpolation (kvtrace.quantiles), are checked against numpy directly.
+interpolation (kvtrace.analyses.quantiles), are checked against numpy directly.
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.stream as stream_mod
-from kvtrace import synth
+import kvtrace.ingest.stream as stream_mod
+from kvtrace.trace import source as source_mod
+from kvtrace.ingest import synth
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.canonical import METADATA_KEY, conform
 from kvtrace.kernels.reuse import visit_blocks
-from kvtrace.quantiles import linear_percentile, order_statistics, percentile_ranks
-from kvtrace.stats import PERCENTILES, STREAM_COLUMNS, should_stream, trace_stats
-from kvtrace.stream import open_stream
+from kvtrace.analyses.quantiles import linear_percentile, order_statistics, percentile_ranks
+from kvtrace.analyses.stats import PERCENTILES, STREAM_COLUMNS, should_stream, trace_stats
+from kvtrace.ingest.stream import open_stream
 from kvtrace.trace import TraceMeta
 
 CHUNK = 1_000
@@ -40,7 +41,7 @@ CHUNK = 1_000
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", CHUNK)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", CHUNK)
 
 
 def write_random_canonical(path, n, seed, *, block_tokens=16, tenants=("a", "b", "c"), types=("chat", "rag"),
@@ -83,7 +84,7 @@ def mixed(tmp_path_factory):
 
 def streamed_stats(path, model=None, min_chunks=4, **options):
     with open_stream(path, columns=STREAM_COLUMNS, **options) as st:
-        assert len(list(st._chunks(stream_mod.CHUNK_ACCESSES))) >= min_chunks or st.n_accesses <= CHUNK
+        assert len(list(st._chunks(source_mod.CHUNK_ACCESSES))) >= min_chunks or st.n_accesses <= CHUNK
         result = trace_stats(st, model)
         assert not (st.spill / "stats-reuse-times").exists()  # its disk is freed at once
     return result
@@ -148,7 +149,7 @@ def test_generic_table_and_shared_tenants(tmp_path, share):
 
 def test_one_chunk_and_many_chunks_agree(mixed, monkeypatch):
     many = streamed_stats(mixed)
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 10**9)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", 10**9)
     assert_same_stats(many, streamed_stats(mixed, min_chunks=1))
 
 
@@ -173,7 +174,7 @@ def test_a_stream_without_the_request_columns_is_refused(mixed):
 def test_top_prefixes_ranked_in_chunks_equal_one_ranking(mixed):
     """The blocks ranked a few at a time (each chunk's best, then the best of those)
     give the ranking of all at once, ties by block id included."""
-    from kvtrace.stats import _in_memory_figures, _top_prefixes
+    from kvtrace.analyses.stats import _in_memory_figures, _top_prefixes
 
     trace = load_trace(mixed)
     fig = _in_memory_figures(trace, [])

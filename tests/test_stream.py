@@ -1,4 +1,4 @@
-"""Streaming (kvtrace.stream, kvtrace.ingest.chunks): chunked runs equal in-memory runs bit for bit.
+"""Streaming (kvtrace.ingest.stream, kvtrace.ingest.chunks): chunked runs equal in-memory runs bit for bit.
 
 Traces are synthetic Parquet tables written in many row groups, and the second pass
 runs on chunks of a few thousand accesses, so every carried state (dense-id map,
@@ -20,14 +20,15 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.stream as stream_mod
-from kvtrace import synth
+import kvtrace.ingest.stream as stream_mod
+from kvtrace.trace import source as source_mod
+from kvtrace.ingest import synth
 from kvtrace.cli import app
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.chunks import ParquetRequests
-from kvtrace.stream import in_memory_estimate, open_stream, should_stream
+from kvtrace.ingest.stream import in_memory_estimate, open_stream, should_stream
 
 EVICTIONS = ("prefix-aware", "flat")
 KEEP = ("tenant", "type", "turn", "session_id")
@@ -35,7 +36,7 @@ KEEP = ("tenant", "type", "turn", "session_id")
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 3_000)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", 3_000)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,7 @@ def assert_same_curve(a, b):
 
 def test_file_has_many_row_groups(mixed, loaded):
     assert pq.ParquetFile(mixed).metadata.num_row_groups >= 6
-    assert loaded.n_accesses > 10 * stream_mod.CHUNK_ACCESSES
+    assert loaded.n_accesses > 10 * source_mod.CHUNK_ACCESSES
 
 
 def test_scan_gives_the_in_memory_access_table(mixed, loaded):
@@ -141,7 +142,7 @@ def test_sampled_curve_on_a_streamed_trace_equals_in_memory(mixed, loaded, evict
 def test_one_chunk_and_many_chunks_agree(mixed, loaded, monkeypatch):
     with open_stream(mixed) as st:
         many = compute_curve(st)
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 10**9)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", 10**9)
     with open_stream(mixed) as st:
         one = compute_curve(st)
     assert_same_curve(many, one)

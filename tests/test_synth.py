@@ -1,4 +1,4 @@
-"""Tests of the synthetic trace generator (kvtrace.synth).
+"""Tests of the synthetic trace generator (kvtrace.ingest.synth).
 
 The reference for block ids is a slow twin, ``naive_block_keys``: it rebuilds every
 prompt as a sequence of content segments (system prompt, documents, user text,
@@ -19,7 +19,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from kvtrace import synth
+from kvtrace.ingest import synth
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.trace import REQUEST_SCHEMA, TraceMeta
 

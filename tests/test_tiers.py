@@ -30,16 +30,16 @@ from hypothesis import strategies as st
 import naive_tiers as twin
 from strategies import chained_traces, make_trace, random_traces
 
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.names import MISS_OF_UNIT, RATE_OF_UNIT, tier_rate
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.memory import Scratch
 from kvtrace.kernels.stackdist import COLD, stack_distances
 from kvtrace.model import resolve_model
-from kvtrace.response import ResponseModel, request_times
+from kvtrace.analyses.response import ResponseModel, request_times
 from kvtrace.trace import Accesses, Trace, TraceMeta
-from kvtrace.whatif import TierConfig, local_vs_shared, parse_policy, route, simulate, sweep
+from kvtrace.analyses.whatif import TierConfig, local_vs_shared, parse_policy, route, simulate, sweep
 
 SETTINGS = settings(deadline=None, max_examples=250, suppress_health_check=[HealthCheck.too_slow])
 FEW = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.too_slow])

@@ -11,7 +11,7 @@ import polars as pl
 import pytest
 from test_tokens_vllm import vllm_twin
 
-from kvtrace.curves import compute_curve
+from kvtrace.analyses.curves import compute_curve
 from kvtrace.errors import KvtraceError
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.anonymize import anonymized_table, write_anonymized

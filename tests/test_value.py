@@ -32,7 +32,7 @@ from kvtrace.kernels.future import best_keep_value, future_windows
 from kvtrace.model import GpuSpec, ModelSpec
 from kvtrace.outputs import write_json_atomic, write_table
 from kvtrace.trace import TraceMeta
-from kvtrace.value import (
+from kvtrace.analyses.value import (
     DEFAULT_COSTS,
     DEFAULT_HORIZON_S,
     QUANTILES,

@@ -1,4 +1,4 @@
-"""Prefix families below the shared root (``kvtrace value``; kvtrace.value.shared_root).
+"""Prefix families below the shared root (``kvtrace value``; kvtrace.analyses.value.shared_root).
 
 When (almost) every request starts with the same blocks, families are rooted at the
 first position below that shared root. Layers: by-hand traces pin the definition
@@ -22,13 +22,14 @@ from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.stream as stream_mod
-import kvtrace.value_stream as value_stream_mod
+import kvtrace.ingest.stream as stream_mod
+import kvtrace.analyses.value_stream as value_stream_mod
+from kvtrace.trace import source as source_mod
 from kvtrace.cli import app
-from kvtrace.curves import SHARED_FIRST_BLOCK_SHARE
+from kvtrace.analyses.curves import SHARED_FIRST_BLOCK_SHARE
 from kvtrace.ingest import load_trace
-from kvtrace.stream import open_stream
-from kvtrace.value import family_roots, shared_root, value_report
+from kvtrace.ingest.stream import open_stream
+from kvtrace.analyses.value import family_roots, shared_root, value_report
 
 from naive import SHARED_FIRST_BLOCK_SHARE_TWIN, naive_families
 
@@ -137,7 +138,7 @@ def test_cli_names_the_skipped_root(conversations):
 
 @pytest.mark.parametrize("chunk", [2, 5, 1000])
 def test_streamed_families_equal_in_memory(conversations, monkeypatch, chunk):
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", chunk * value_stream_mod.CHUNK_SHARE)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", chunk * value_stream_mod.CHUNK_SHARE)
     expected = value_report(load_trace(conversations, block_tokens=16))
     with open_stream(conversations, block_tokens=16) as st:
         got = value_report(st)

@@ -1,4 +1,4 @@
-"""Streamed future-reuse value (kvtrace.value_stream) equals the in-memory run bit for bit.
+"""Streamed future-reuse value (kvtrace.analyses.value_stream) equals the in-memory run bit for bit.
 
 Traces are Parquet tables in many row groups, and the streamed passes run on chunks
 of a few dozen to a few hundred accesses, so reuse windows span many chunks (the
@@ -24,18 +24,19 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.stream as stream_mod
-import kvtrace.value_stream as value_stream_mod
-from kvtrace import synth
+import kvtrace.trace.source as source_mod
+import kvtrace.analyses.value_stream as value_stream_mod
+from kvtrace.trace import source as source_mod
+from kvtrace.ingest import synth
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
 from kvtrace.kernels.sums import PairwiseSum, add_at
 from kvtrace.model import GpuSpec, ModelSpec
 from kvtrace.outputs import write_table, write_table_chunks
-from kvtrace.stream import open_stream
-from kvtrace.value import DEFAULT_COSTS, StorageCosts, future_reuse, value_report
-from kvtrace.value_stream import StreamedFutureReuse, streamed_values
+from kvtrace.ingest.stream import open_stream
+from kvtrace.analyses.value import DEFAULT_COSTS, StorageCosts, future_reuse, value_report
+from kvtrace.analyses.value_stream import StreamedFutureReuse, streamed_values
 
 INF = math.inf
 FIELDS = ("block", "timestamp", "next_t", "next_gap_s", "reuses", "last_reuse_t", "hold_s", "reuse_tokens", "bytes",
@@ -49,7 +50,7 @@ TOY_GPU = GpuSpec(name="toy", peak_flops=1.0, dollars_per_hour=3600.0, mfu=1.0)
 
 def set_chunk(monkeypatch, accesses: int) -> None:
     """Streamed value passes on chunks of about ``accesses`` accesses."""
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", accesses * value_stream_mod.CHUNK_SHARE)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", accesses * value_stream_mod.CHUNK_SHARE)
 
 
 @pytest.fixture(autouse=True)
@@ -179,7 +180,7 @@ def test_random_generic_traces_stream_like_memory(tmp_path, monkeypatch, seed, h
 def test_one_chunk_and_many_chunks_agree(mixed, monkeypatch):
     with open_stream(mixed) as st:
         many = value_report(st, horizon_s=30.0)
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 10**9)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", 10**9)
     with open_stream(mixed) as st:
         one = value_report(st, horizon_s=30.0)
     assert_same_report(many, one)
@@ -329,12 +330,12 @@ def test_cli_failure_midway_leaves_no_file(mixed, tmp_path, monkeypatch):
 NOJIT_SCRIPT = r"""
 import json, sys
 import numpy as np
-import kvtrace.stream as stream_mod
-import kvtrace.value_stream as value_stream_mod
-stream_mod.CHUNK_ACCESSES = 10 * value_stream_mod.CHUNK_SHARE
-from kvtrace.stream import open_stream
-from kvtrace.value import value_report
-from kvtrace.value_stream import streamed_values
+import kvtrace.trace.source as source_mod
+import kvtrace.analyses.value_stream as value_stream_mod
+source_mod.CHUNK_ACCESSES = 10 * value_stream_mod.CHUNK_SHARE
+from kvtrace.ingest.stream import open_stream
+from kvtrace.analyses.value import value_report
+from kvtrace.analyses.value_stream import streamed_values
 with open_stream(sys.argv[1], block_tokens=16) as st:
     r = value_report(st, horizon_s=3.0)
     v = np.fromfile(streamed_values(st, horizon_s=3.0), dtype=np.float64)

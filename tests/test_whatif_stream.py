@@ -17,20 +17,21 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.stream as stream_mod
-from kvtrace import synth
+import kvtrace.ingest.stream as stream_mod
+from kvtrace.trace import source as source_mod
+from kvtrace.ingest import synth
 from kvtrace.cli import app
 from kvtrace.ingest import load_trace
 from kvtrace.kernels import tiers as K
-from kvtrace.stream import open_stream
-from kvtrace.whatif import TierConfig, _first_blocks, _streamed_oracle_flags, _run_kernel, route, simulate, sweep
+from kvtrace.ingest.stream import open_stream
+from kvtrace.analyses.whatif import TierConfig, _first_blocks, _streamed_oracle_flags, _run_kernel, route, simulate, sweep
 
 KEEP = ("request_id", "session_id", "type", "tenant", "turn")
 
 
 @pytest.fixture(autouse=True)
 def small_chunks(monkeypatch):
-    monkeypatch.setattr(stream_mod, "CHUNK_ACCESSES", 3_000)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", 3_000)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,7 @@ def assert_same_result(a, b):
 
 
 def test_many_chunks(loaded):
-    assert loaded.n_accesses > 8 * stream_mod.CHUNK_ACCESSES
+    assert loaded.n_accesses > 8 * source_mod.CHUNK_ACCESSES
 
 
 def test_first_blocks_and_routing_match(loaded, streamed):
@@ -147,4 +148,4 @@ def test_cli_whatif_stream_equals_no_stream(mixed):
 def test_the_replay_really_runs_in_many_chunks(streamed):
     chunks = list(streamed._chunks())
     assert len(chunks) > 8
-    assert max(hi - lo for _, _, lo, hi in chunks) < 2 * stream_mod.CHUNK_ACCESSES
+    assert max(hi - lo for _, _, lo, hi in chunks) < 2 * source_mod.CHUNK_ACCESSES

@@ -1,7 +1,7 @@
 """kvtrace: where KV-cache context should live, and how much memory and flash to buy.
 
 Data flows one way: source file -> canonical tables (:mod:`kvtrace.ingest`) ->
-kernels (:mod:`kvtrace.kernels`) -> result tables (:mod:`kvtrace.curves`, ...) ->
+kernels (:mod:`kvtrace.kernels`) -> result tables (:mod:`kvtrace.analyses.curves`, ...) ->
 CLI / app / SQL.
 """
 

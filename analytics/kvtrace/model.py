@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from .errors import KvtraceError, UsageError
+from kvtrace.errors import KvtraceError, UsageError
 
 __all__ = [
     "DEFAULT_GPU",

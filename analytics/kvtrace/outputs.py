@@ -35,7 +35,7 @@ from typing import Iterable, Iterator, Mapping
 
 import polars as pl
 
-from .errors import KvtraceError, UsageError
+from kvtrace.errors import KvtraceError, UsageError
 
 
 @contextlib.contextmanager

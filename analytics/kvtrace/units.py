@@ -6,7 +6,7 @@ import math
 import re
 from fractions import Fraction
 
-from .errors import UsageError
+from kvtrace.errors import UsageError
 
 _BINARY = {"b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "pib": 2**50,
            "k": 2**10, "ki": 2**10, "m": 2**20, "mi": 2**20, "g": 2**30, "gi": 2**30,

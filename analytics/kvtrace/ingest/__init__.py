@@ -14,16 +14,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..errors import KvtraceError, UsageError
-from ..guard import check_before_read, check_memory, reading
-from ..trace import Trace, TraceMeta
-from .canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
+from kvtrace.errors import KvtraceError, UsageError
+from kvtrace.ingest.guard import check_before_read, check_memory, reading
+from kvtrace.trace import Trace, TraceMeta
+from kvtrace.ingest.canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
                         requests_to_trace, write_canonical)
-from .inputs import check_input_kind, pipe_refused, read_pipe
-from .jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
-from .tabular import from_generic, read_canonical, read_table, source_names
-from .tokens import TokenFields, read_token_log
-from .vllm_hash import DEFAULT_HASH
+from kvtrace.ingest.inputs import check_input_kind, pipe_refused, read_pipe
+from kvtrace.ingest.jsonl import JSONL_NAMES, open_source, read_bailian, read_mooncake, source_format
+from kvtrace.ingest.tabular import from_generic, read_canonical, read_table, source_names
+from kvtrace.ingest.tokens import TokenFields, read_token_log
+from kvtrace.ingest.vllm_hash import DEFAULT_HASH
 
 FORMATS = ("auto", "mooncake", "bailian", "parquet", "csv", "tokens", "openai")
 #: request logs whose block ids kvtrace derives itself (vLLM's prefix-cache hashes): token ids, chat bodies
@@ -72,7 +72,7 @@ class LogOptions:
     def hash_spec(self, block_tokens: int | None = None):
         """The vLLM hash of these options at ``block_tokens`` tokens per block (None:
         vLLM's 16): a :class:`kvtrace.ingest.vllm_hash.HashSpec`."""
-        from .vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
+        from kvtrace.ingest.vllm_hash import DEFAULT_BLOCK_TOKENS, HashSpec
 
         return HashSpec(hash_fn=self.hash_fn, seed=self.hash_seed, block_tokens=block_tokens or DEFAULT_BLOCK_TOKENS)
 
@@ -93,7 +93,7 @@ def _read_log(p: str, fmt: str, block_tokens: int | None, log: LogOptions | None
     if fmt == "tokens":
         got = read_token_log(p, fields=log.fields, spec=spec, time_unit=log.time_unit)
     else:
-        from .chat import read_chat_log
+        from kvtrace.ingest.chat import read_chat_log
 
         got = read_chat_log(p, log.tokenizer, chat_template=log.chat_template, spec=spec, time_unit=log.time_unit)
     return got.requests, got.meta, got
@@ -148,7 +148,7 @@ def _block_ids(df, meta: TraceMeta, warnings: list[str], log: LogOptions, wanted
     asks (or to ``wanted`` tokens: a canonical trace's larger ``--block-tokens``), and a
     warning appended when they look unchained (:func:`unchained_warning`)."""
     if log.rechain:
-        from .rechain import rechain
+        from kvtrace.ingest.rechain import rechain
 
         df = rechain(df)
     elif kind not in LOG_FORMATS:
@@ -157,7 +157,7 @@ def _block_ids(df, meta: TraceMeta, warnings: list[str], log: LogOptions, wanted
             warnings.append(note)
     target = log.reblock or wanted
     if target is not None and target != meta.block_tokens:
-        from .rechain import reblock
+        from kvtrace.ingest.rechain import reblock
 
         try:
             df, meta = reblock(df, meta, int(target))
@@ -190,7 +190,7 @@ def probe_rows(lengths, rows: int = 0, accesses: int = 0) -> int:
 def unchained_warning(df, meta: TraceMeta) -> str | None:
     """One line when the block ids of the start of ``df`` (:func:`probe_rows`) look
     per-block (not prefix-chained; :func:`kvtrace.ingest.rechain.chain_report`), else None."""
-    from .rechain import chain_report
+    from kvtrace.ingest.rechain import chain_report
 
     head = df.head(probe_rows(df["block_ids"].list.len().fill_null(0).to_numpy()))
     rep = chain_report(head, meta)
@@ -362,9 +362,9 @@ def load_trace(
         Treat equal hashes in different tenants as the same block.
     workload : str, optional
         The analysis that follows (``curve``, ``whatif``, ... see
-        :mod:`kvtrace.guard`): refuse a trace whose run would not fit in the memory
+        :mod:`kvtrace.ingest.guard`): refuse a trace whose run would not fit in the memory
         available, before the read when the metadata or a bounded first read show it
-        clearly (:func:`kvtrace.guard.check_before_read`; decompression is bounded
+        clearly (:func:`kvtrace.ingest.guard.check_before_read`; decompression is bounded
         too), else before building the access table. None: no check.
 
     log : LogOptions, optional

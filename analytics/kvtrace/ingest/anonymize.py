@@ -24,9 +24,9 @@ import os
 import numpy as np
 import polars as pl
 
-from ..errors import UsageError
-from ..outputs import atomic_path
-from ..trace import Trace
+from kvtrace.errors import UsageError
+from kvtrace.outputs import atomic_path
+from kvtrace.trace import Trace
 
 EXPORT_FORMATS = ("mooncake", "bailian")
 

@@ -14,11 +14,11 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError
-from ..kernels.densify import densify
-from ..kernels.layout import request_and_pos
-from ..outputs import atomic_path
-from ..trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
+from kvtrace.errors import KvtraceError
+from kvtrace.kernels.densify import densify
+from kvtrace.kernels.layout import request_and_pos
+from kvtrace.outputs import atomic_path
+from kvtrace.trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
 
 METADATA_KEY = b"kvtrace"
 

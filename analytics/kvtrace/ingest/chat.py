@@ -53,11 +53,11 @@ from typing import Iterator
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError, UsageError
-from ..trace import Trace, TraceMeta
-from .chat_template import ChatTokenizer, TemplateFailure, load_chat_tokenizer
-from .tokens import TokenFields, TokenLog, _open_binary, _Reader, _short
-from .vllm_hash import MAX_TOKEN_ID, HashSpec
+from kvtrace.errors import KvtraceError, UsageError
+from kvtrace.trace import Trace, TraceMeta
+from kvtrace.ingest.chat_template import ChatTokenizer, TemplateFailure, load_chat_tokenizer
+from kvtrace.ingest.tokens import TokenFields, TokenLog, _open_binary, _Reader, _short
+from kvtrace.ingest.vllm_hash import MAX_TOKEN_ID, HashSpec
 
 FORMAT = "openai"
 #: Request lines per chunk: rendered and tokenized together (``encode_batch``).
@@ -507,7 +507,7 @@ def load_chat_trace(path: str | os.PathLike, tokenizer, *, share_tenants: bool =
     """A chat log as a :class:`~kvtrace.trace.Trace` (trace order, timestamps relative to
     the first request) and the :class:`~kvtrace.ingest.tokens.TokenLog` it came from.
     ``options`` are those of :func:`read_chat_log`."""
-    from .canonical import build_trace, prepare_requests
+    from kvtrace.ingest.canonical import build_trace, prepare_requests
 
     log = read_chat_log(path, tokenizer, **options)
     meta = log.meta if not share_tenants else TraceMeta(**{**log.meta.to_dict(), "share_tenants": True})

@@ -52,7 +52,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from ..errors import KvtraceError, UsageError
+from kvtrace.errors import KvtraceError, UsageError
 
 #: What to pass when no tokenizer is found (the CLI's option).
 TOKENIZER_HINT = "--tokenizer DIR_OR_tokenizer.json: a local Hugging Face tokenizer; nothing is downloaded"

@@ -29,10 +29,10 @@ from typing import Iterator, Sequence
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError
-from ..trace import REQUEST_SCHEMA, TraceMeta
-from .canonical import conform, prepare_requests, read_metadata
-from .tabular import ALIASES, LIST_COLUMNS, _cast_column, _find, _seconds, from_generic, source_names
+from kvtrace.errors import KvtraceError
+from kvtrace.trace import REQUEST_SCHEMA, TraceMeta
+from kvtrace.ingest.canonical import conform, prepare_requests, read_metadata
+from kvtrace.ingest.tabular import ALIASES, LIST_COLUMNS, _cast_column, _find, _seconds, from_generic, source_names
 
 #: Columns a chunk carries by default (the rest of the canonical schema is left out).
 CORE_COLUMNS = ("timestamp", "input_tokens", "block_ids", "tenant")

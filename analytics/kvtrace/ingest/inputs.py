@@ -19,7 +19,7 @@ import re
 import select
 import stat
 
-from ..errors import KvtraceError, UsageError
+from kvtrace.errors import KvtraceError, UsageError
 
 #: what a pipe, a device or a socket is instead of a trace file
 EXPECTED = "expected a regular file, a directory of JSONL shards or a pipe"
@@ -80,9 +80,9 @@ def pipe_refused(path: str) -> KvtraceError:
 
 def pipe_limit() -> tuple[int | None, str]:
     """(bytes a pipe may deliver, where the figure comes from): half the memory
-    available (:func:`kvtrace.guard.available_bytes`; the bytes are held twice while
+    available (:func:`kvtrace.ingest.guard.available_bytes`; the bytes are held twice while
     joined), None when unknown."""
-    from ..guard import available_bytes
+    from kvtrace.ingest.guard import available_bytes
 
     room, where = available_bytes()
     return (None, where) if room is None else (room // 2, where)
@@ -93,8 +93,8 @@ def read_pipe(path: str) -> bytes:
     wait for a writer or for data). Past :func:`pipe_limit` bytes the read stops with
     one line naming the file, before memory runs out (an endless writer such as
     ``<(yes)``)."""
-    from ..guard import MEMORY_BUDGET_ENV
-    from ..units import format_bytes
+    from kvtrace.ingest.guard import MEMORY_BUDGET_ENV
+    from kvtrace.units import format_bytes
 
     limit, where = pipe_limit()
     chunks: list[bytes] = []

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError
-from ..trace import TraceMeta
-from .inputs import check_input_kind, read_pipe, third_party_text
+from kvtrace.errors import KvtraceError
+from kvtrace.trace import TraceMeta
+from kvtrace.ingest.inputs import check_input_kind, read_pipe, third_party_text
 
 MOONCAKE_BLOCK_TOKENS = 512
 BAILIAN_BLOCK_TOKENS = 16
@@ -195,10 +195,10 @@ def _at(label: str, line: int | None = None) -> str:
 def _decompress(path: str, warnings: list[str], label: str = "") -> bytes:
     """A gzip or zstd file's content; a stream cut short gives what precedes the cut.
 
-    Under the resource guard (:func:`kvtrace.guard.reading`) the output is bounded: past
-    :func:`kvtrace.guard.decompressed_limit` bytes (a bomb, or a trace too large for
+    Under the resource guard (:func:`kvtrace.ingest.guard.reading`) the output is bounded: past
+    :func:`kvtrace.ingest.guard.decompressed_limit` bytes (a bomb, or a trace too large for
     memory) it stops with one line naming the file, before memory runs out."""
-    from ..guard import decompressed_limit, decompression_refused
+    from kvtrace.ingest.guard import decompressed_limit, decompression_refused
 
     zstd = _magic(path) == ZSTD_MAGIC
     chunks: list[bytes] = []
@@ -266,9 +266,9 @@ def _gunzip(path: str, chunks: list[bytes], limit: int | None = None) -> bool | 
 
 def _inflate(raw: bytes, path: str, warnings: list[str], label: str = "") -> bytes:
     """:func:`_decompress` for bytes already read (a pipe, which cannot be opened
-    twice): the same bound (:func:`kvtrace.guard.decompressed_limit`), the same
+    twice): the same bound (:func:`kvtrace.ingest.guard.decompressed_limit`), the same
     messages and the same tolerance of a stream cut short."""
-    from ..guard import decompressed_limit, decompression_refused
+    from kvtrace.ingest.guard import decompressed_limit, decompression_refused
 
     zstd = raw[:4] == ZSTD_MAGIC
     chunks: list[bytes] = []

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError
-from ..trace import TraceMeta
+from kvtrace.errors import KvtraceError
+from kvtrace.trace import TraceMeta
 
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)

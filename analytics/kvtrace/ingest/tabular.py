@@ -21,10 +21,10 @@ import os
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError
-from ..trace import REQUEST_SCHEMA, TraceMeta
-from .canonical import read_metadata
-from .inputs import third_party_text
+from kvtrace.errors import KvtraceError
+from kvtrace.trace import REQUEST_SCHEMA, TraceMeta
+from kvtrace.ingest.canonical import read_metadata
+from kvtrace.ingest.inputs import third_party_text
 
 LIST_COLUMNS = ("block_ids", "hash_ids", "hashes", "blocks", "block_hashes")
 ALIASES = {

@@ -41,9 +41,9 @@ from typing import Callable, Iterator
 import numpy as np
 import polars as pl
 
-from ..errors import KvtraceError, UsageError
-from ..trace import REQUEST_SCHEMA, Trace, TraceMeta
-from .vllm_hash import MAX_TOKEN_ID, HashSpec, hash_prompts
+from kvtrace.errors import KvtraceError, UsageError
+from kvtrace.trace import REQUEST_SCHEMA, Trace, TraceMeta
+from kvtrace.ingest.vllm_hash import MAX_TOKEN_ID, HashSpec, hash_prompts
 
 FORMAT = "tokens"
 #: Requests per chunk (JSONL lines, Parquet batch rows).
@@ -554,7 +554,7 @@ def load_token_trace(path: str | os.PathLike, *, share_tenants: bool = False, **
     """A token log as a :class:`~kvtrace.trace.Trace` (trace order, timestamps relative
     to the first request), and the :class:`TokenLog` it came from (time unit, notes).
     ``options`` are those of :func:`read_token_log`."""
-    from .canonical import build_trace, prepare_requests
+    from kvtrace.ingest.canonical import build_trace, prepare_requests
 
     log = read_token_log(path, **options)
     meta = log.meta if not share_tenants else TraceMeta(**{**log.meta.to_dict(), "share_tenants": True})
@@ -573,7 +573,7 @@ def write_token_parquet(path: str | os.PathLike, out: str | os.PathLike, *, kind
     """Hash a token log chunk by chunk into a canonical Parquet request table (one row
     group per chunk, written to ``out`` as it goes: wrap it in
     :func:`kvtrace.outputs.atomic_path` for a user's file): memory is one chunk, not the log, so every streamed
-    pass can read a log of any size (:func:`kvtrace.stream.open_stream`).
+    pass can read a log of any size (:func:`kvtrace.ingest.stream.open_stream`).
 
     Equal to :func:`load_token_trace` then :func:`~kvtrace.ingest.canonical.write_canonical`
     for a log in arrival order (timestamps relative to the first request); a log whose
@@ -583,7 +583,7 @@ def write_token_parquet(path: str | os.PathLike, out: str | os.PathLike, *, kind
     """
     import pyarrow.parquet as pq
 
-    from .canonical import METADATA_KEY, conform
+    from kvtrace.ingest.canonical import METADATA_KEY, conform
 
     holder: list = []
     meta = TraceMeta(block_tokens=int(spec.block_tokens), source_format=FORMAT, source=os.path.basename(str(path)),

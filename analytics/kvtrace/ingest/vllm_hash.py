@@ -75,8 +75,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import UsageError
-from ..kernels.tokenhash import block_lengths, fill_blocks
+from kvtrace.errors import UsageError
+from kvtrace.kernels.tokenhash import block_lengths, fill_blocks
 
 HASH_FUNCTIONS = ("sha256", "sha256_cbor")
 #: vLLM's ``CacheConfig.prefix_caching_hash_algo`` default.

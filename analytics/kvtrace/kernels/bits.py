@@ -7,7 +7,7 @@ from numba import config as numba_config
 from numba import njit
 from numba.cpython.unsafe.numbers import leading_zeros
 
-from ..config import NJIT_INLINE
+from kvtrace.config import NJIT_INLINE
 
 
 @njit(**NJIT_INLINE)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
-from .memory import table_full, table_zeros
+from kvtrace.config import NJIT
+from kvtrace.kernels.memory import table_full, table_zeros
 
 _EMPTY = -1
 #: Most entries of a direct table (64 Mi int32 = 256 MiB).

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
+from kvtrace.config import NJIT, NJIT_INLINE
 
 
 @njit(**NJIT_INLINE)

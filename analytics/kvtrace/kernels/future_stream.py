@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from numba import njit
 
-from ..config import NJIT
+from kvtrace.config import NJIT
 
 
 @njit(**NJIT)
@@ -144,7 +144,7 @@ def block_extent(block, local_req, req_lo, first_req, last_req):
 
     ``first_req`` starts at -1 (unseen); ``req_lo`` is the chunk's first request and
     ``local_req`` each access's request within the chunk. (A block's prefix family is
-    read afterwards from its first request: :func:`kvtrace.value.family_roots`.)
+    read afterwards from its first request: :func:`kvtrace.analyses.value.family_roots`.)
     """
     for t in range(block.shape[0]):
         b = block[t]

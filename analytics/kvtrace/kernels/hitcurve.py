@@ -18,8 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
-from .bits import bit_length
+from kvtrace.config import NJIT, NJIT_INLINE
+from kvtrace.kernels.bits import bit_length
 
 N_WEIGHTS = 4
 COLD = np.iinfo(np.int64).max

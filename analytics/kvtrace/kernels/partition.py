@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
-from .densify import _mix
+from kvtrace.config import NJIT
+from kvtrace.kernels.densify import _mix
 
 
 @njit(**NJIT)

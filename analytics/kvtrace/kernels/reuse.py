@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
+from kvtrace.config import NJIT
 
 
 @njit(**NJIT)

@@ -48,9 +48,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
-from .densify import _mix  # the same (hash, namespace) mix keys the sample
-from .stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _compact, _prefix
+from kvtrace.config import NJIT, NJIT_INLINE
+from kvtrace.kernels.densify import _mix  # the same (hash, namespace) mix keys the sample
+from kvtrace.kernels.stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _compact, _prefix
 
 #: Most heavy blocks tracked exactly (each query scans them).
 MAX_HEAVY = 64

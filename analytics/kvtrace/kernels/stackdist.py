@@ -41,8 +41,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT
-from .memory import table_full, table_zeros
+from kvtrace.config import NJIT
+from kvtrace.kernels.memory import table_full, table_zeros
 
 COLD = np.iinfo(np.int64).max
 

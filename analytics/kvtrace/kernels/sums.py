@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
+from kvtrace.config import NJIT, NJIT_INLINE
 
 _RUN = 128  # numpy's PW_BLOCKSIZE
 _DEPTH = 64  # split levels: > log2(2**63 / 64)

@@ -2,7 +2,7 @@
 
 Everything here is in **tokens** (bytes = tokens x kv_bytes_per_token) and indexed by
 dense block id; no hashing on the hot path. The public wrapper is
-:func:`kvtrace.whatif.simulate`; this module is arrays in, arrays out. The slow twin
+:func:`kvtrace.analyses.whatif.simulate`; this module is arrays in, arrays out. The slow twin
 ``tests/naive_tiers.py`` is the executable specification of everything below.
 
 Tiers and lists
@@ -21,7 +21,7 @@ Block and request indices are int32 (< 2**31); access indices are local to a chu
 Chunks
 ------
 :class:`TierSimulator` carries all of this state between calls, so a trace can be fed
-in chunks of whole requests (:mod:`kvtrace.stream`: the accesses never all in memory)
+in chunks of whole requests (:mod:`kvtrace.ingest.stream`: the accesses never all in memory)
 with the results of one call over the whole trace, bit for bit: what a later access
 needs of an earlier one (the request and the admission inputs of the block's last
 access) is kept per block, and the per-chunk float sums are sums of integers.
@@ -119,10 +119,10 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
-from .bits import bit_length
-from .memory import Scratch, table_zeros
-from .prefetch import prefetch_row
+from kvtrace.config import NJIT, NJIT_INLINE
+from kvtrace.kernels.bits import bit_length
+from kvtrace.kernels.memory import Scratch, table_zeros
+from kvtrace.kernels.prefetch import prefetch_row
 
 # decisions (the kernel adds COLD_FLAG to the code of a cold access)
 DRAM, LOCAL, FLASH, MISS = 0, 1, 2, 3

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ..config import NJIT, NJIT_INLINE
+from kvtrace.config import NJIT, NJIT_INLINE
 
 #: Bytes before the token tuple: pickle header + parent + MEMOIZE; CBOR header + parent.
 PICKLE_AFTER_PARENT = 46

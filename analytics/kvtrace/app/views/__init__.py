@@ -1,0 +1,1 @@
+"""The dashboard's pages (each run by Streamlit as a script from :mod:`kvtrace.app`'s navigation)."""

@@ -1,0 +1,5 @@
+"""``python -m kvtrace.cli``: the ``kvtrace`` command."""
+
+from kvtrace.cli import main
+
+main()
