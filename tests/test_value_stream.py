@@ -24,8 +24,8 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.trace.source as source_mod
 import kvtrace.analyses.value_stream as value_stream_mod
+import kvtrace.ingest.stream as stream_mod
 from kvtrace.trace import source as source_mod
 from kvtrace.ingest import synth
 from kvtrace.cli import app
