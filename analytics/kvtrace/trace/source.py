@@ -169,6 +169,8 @@ class TraceSource(Protocol):
 
     def column(self, name: str, dtype) -> Column: ...
 
+    def first_blocks(self) -> np.ndarray: ...
+
     def close(self) -> None: ...
 
 
@@ -216,6 +218,15 @@ class ChunkedSource:
                 getattr(read, "close", lambda: None)()
             if block_reader is not None:
                 getattr(block_reader, "close", lambda: None)()
+
+    def first_blocks(self) -> np.ndarray:
+        """int64[R]: the first block of each request (-1 for a request without blocks)."""
+        rs = self.req_start
+        first = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
+        for ch in self.chunks():
+            ne = ch.lrs[1:] > ch.lrs[:-1]
+            first[ch.r:ch.r_end][ne] = ch.block[ch.lrs[:-1][ne]]
+        return first
 
     def _layout(self, r: int, r_end: int, lo: int):
         """Local offsets, tokens (int32) and positions (int32) of requests r..r_end-1."""
