@@ -18,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "analytics")]
 
-from kvtrace.results import appdata  # noqa: E402
+from kvtrace.app import choices  # noqa: E402
+from kvtrace.results import chart_data  # noqa: E402
 
 SAMPLES = ROOT / "sample_traces"
 OUT = ROOT / "docs" / "gallery"
@@ -65,8 +66,8 @@ def _app_curve(name: str, by: str | None):
     result = _curve(name, by)
     metric = "prefix_token_hit_rate"
     info = result.info
-    return app_charts.curve(appdata.curve_lines(result, metric), appdata.knee_points(result, metric),
-                            result.ceiling.get(metric), appdata.tier_marks(*appdata.DEFAULT_TIERS_BYTES),
+    return app_charts.curve(chart_data.metric_lines(result, metric), chart_data.knee_points(result, metric),
+                            result.ceiling.get(metric), chart_data.tier_marks(*choices.DEFAULT_TIERS_BYTES),
                             "usable-prefix tokens", f"{info['model']} ({info['kv_bytes_per_token']:,} B/token), "
                             f"{info['eviction']} LRU").properties(width=APP_WIDTH)
 
@@ -76,11 +77,12 @@ def _overview(kind: str):
 
     t = _trace("chat.jsonl")
     if kind == "arrivals":
-        return app_charts.arrivals(appdata.arrivals_per_minute(t)).properties(width=APP_HALF_WIDTH)
+        return app_charts.arrivals(chart_data.arrivals_per_minute(t)).properties(width=APP_HALF_WIDTH)
     if kind == "input":
-        return app_charts.log_histogram(appdata.input_length_histogram(t), x_title="prompt tokens", y_title="requests",
+        return app_charts.log_histogram(chart_data.input_length_histogram(t), x_title="prompt tokens",
+                                        y_title="requests",
                                         title="Input length", unit="tokens").properties(width=APP_HALF_WIDTH)
-    return app_charts.log_histogram(appdata.reuse_time_histogram(t), x_title="seconds since the block's previous "
+    return app_charts.log_histogram(chart_data.reuse_time_histogram(t), x_title="seconds since the block's previous "
                                     "access", y_title="block accesses", title="Reuse time",
                                     unit="s").properties(width=APP_HALF_WIDTH)
 
@@ -102,7 +104,8 @@ GALLERY = {
     "curve": ("kvtrace.results.charts.curve_chart", lambda: _charts().curve_chart(_curve("chat.jsonl"))),
     "curve-sparse": ("kvtrace.results.charts.curve_chart",
                      lambda: _charts().curve_chart(_curve("chat.jsonl", capacities=(64 * GiB, TiB)))),
-    "curve-by-type": ("kvtrace.results.charts.curve_chart", lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
+    "curve-by-type": ("kvtrace.results.charts.curve_chart",
+                      lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
     "frontier": ("kvtrace.results.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
     "sizing-curve": ("kvtrace.results.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
     "sizing-cost": ("kvtrace.results.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
@@ -111,7 +114,7 @@ GALLERY = {
     "app-reuse-time": ("kvtrace.app.charts.log_histogram", lambda: _overview("reuse")),
     "app-curve-by-type": ("kvtrace.app.charts.curve", lambda: _app_curve("mixed.parquet", "type")),
     "app-latency": ("kvtrace.app.charts.latency",
-                    lambda: _app_charts().latency(appdata.latency_table(_whatif_table().head(9)))
+                    lambda: _app_charts().latency(chart_data.latency_table(_whatif_table().head(9)))
                     .properties(width=APP_WIDTH)),
 }
 

@@ -1,5 +1,6 @@
-"""The dashboard (``app/``, ``kvtrace app``) under Streamlit's AppTest, and its glue
-module :mod:`kvtrace.results.appdata`.
+"""The dashboard (``app/``, ``kvtrace app``) under Streamlit's AppTest, and its modules
+without Streamlit (:mod:`kvtrace.app.sources`, :mod:`kvtrace.app.launcher`,
+:mod:`kvtrace.results.chart_data`, ...).
 
 One parametrised test launches every page; the page tests drive widgets and check
 that the numbers shown change and equal the library's results, computed here
@@ -20,7 +21,8 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
-from kvtrace.results import appdata
+from kvtrace.app import choices, launcher, sizing_form, sources
+from kvtrace.results import chart_data
 from kvtrace.cli import app as cli_app
 from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import load_trace
@@ -49,9 +51,9 @@ def pct(x: float) -> str:
 def _app_env(monkeypatch):
     """As ``streamlit run`` does: the entry file's directory on sys.path; no launch trace."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
-    for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
-              appdata.ENV_LOG_OPTIONS):
+    for k in (launcher.ENV_TRACE, launcher.ENV_FORMAT, launcher.ENV_BLOCK_TOKENS, launcher.ENV_SHARE_TENANTS,
+              launcher.ENV_SAMPLES, launcher.ENV_DATA_DIR, launcher.ENV_MAX_TRACE_BYTES,
+              launcher.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
 
 
@@ -172,7 +174,7 @@ def _at_tiers(at) -> pl.DataFrame:
 
 def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     at = launch("views/curves.py")
-    caps = [64 * GiB, 64 * GiB + 2**40]  # DRAM 64GiB, DRAM + flash 1TiB: the defaults (appdata.DEFAULT_TIERS)
+    caps = [64 * GiB, 64 * GiB + 2**40]  # DRAM 64GiB, DRAM + flash 1TiB: the defaults (choices.DEFAULT_TIERS)
     ref = compute_curve(chat, capacities=caps)
     m = metrics(at)
     assert m["ceiling (prefix tokens)"] == pct(ref.ceiling["prefix_token_hit_rate"])
@@ -259,7 +261,8 @@ def test_curves_group_breakdown(mixed):
     line = pl.from_arrow(charts(at)[0][0])
     assert sorted(line["series"].unique().to_list()) == sorted(["all", *ref.info["groups"]])
     for g in ref.info["groups"]:
-        want = ref.by_group.filter((pl.col("group_name") == g) & (pl.col("capacity_bytes") > 0))["prefix_token_hit_rate"]
+        want = ref.by_group.filter((pl.col("group_name") == g)
+                                   & (pl.col("capacity_bytes") > 0))["prefix_token_hit_rate"]
         np.testing.assert_allclose(line.filter(pl.col("series") == g)["rate"].to_numpy(), want.to_numpy())
 
 
@@ -330,9 +333,6 @@ def test_whatifs_invalid_options_are_one_line():
 
 # --------------------------------------------------------------------------- sizing
 
-needs_sizing = pytest.mark.skipif(not appdata.sizing_available(), reason="kvtrace.analyses.sizing is not in this checkout")
-
-
 def _card(at: AppTest) -> str:
     return next(h.value for h in at.subheader if h.value.startswith(("Recommendation: ", "No configuration meets")))
 
@@ -375,7 +375,6 @@ def _sz_field(at: AppTest, key: str):
     return next(w for w in at.text_input if w.key == f"sz.{key}")
 
 
-@needs_sizing
 def test_sizing_page_shows_the_librarys_recommendation(chat):
     import dataclasses
 
@@ -384,7 +383,7 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     at = launch("views/sizing.py")
     assert not at.error
     base = default_config()
-    form = appdata.sizing_config_from_form({k[3:]: v for k, v in at.session_state.items()
+    form = sizing_form.sizing_config_from_form({k[3:]: v for k, v in at.session_state.items()
                                             if k.startswith("sz.") and not k.startswith("sz.tier.")})
     assert form == base  # the fresh form is the example tiers.toml (H100 in the sidebar)
     ref = recommend(chat, base)
@@ -395,9 +394,10 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     assert m["P99 reusable-prefix time"] == f"{fig['service_time_p99_ms']:,.1f} ms"
     shown = _sizing_tables(at)
     for lens in LENSES:
-        want = appdata.sizing_table(ref, lens)
+        want = sizing_form.sizing_table(ref, lens)
         assert shown[lens]["configuration"].to_list() == [c or "-" for c in want["config"]]
-        assert shown[lens]["P99"].to_list() == ["-" if x is None else f"{x:,.1f} ms" for x in want["service_time_p99_ms"]]
+        assert shown[lens]["P99"].to_list() == ["-" if x is None else f"{x:,.1f} ms"
+                                                for x in want["service_time_p99_ms"]]
         assert shown[lens]["feasible"].to_list() == ["yes" if f else "no" for f in want["feasible"]]
     assert len(charts(at)) == 2
 
@@ -409,7 +409,7 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     ref2 = recommend(chat, dataclasses.replace(base, slo_p99_ms=200.0))
     assert _card(at) == _expected_card(ref2.recommendation)
     assert _sizing_tables(at)["same-slo"]["P99"].to_list() == [
-        "-" if x is None else f"{x:,.1f} ms" for x in appdata.sizing_table(ref2, "same-slo")["service_time_p99_ms"]]
+        "-" if x is None else f"{x:,.1f} ms" for x in sizing_form.sizing_table(ref2, "same-slo")["service_time_p99_ms"]]
     assert _card(at) != _expected_card(ref.recommendation)
 
     # the sidebar's GPU is the config's: a B200 prices and computes differently
@@ -420,10 +420,10 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
                                                gpu_peak_tflops=g.peak_flops / 1e12))
     assert metrics(at)["monthly cost"] == f"${ref3.recommendation.figures['cost_usd_per_month']:,.2f}"
     assert _sizing_tables(at)["same-slo"]["net $/month"].to_list() == [
-        f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}" for x in appdata.sizing_table(ref3, "same-slo")["net_usd_per_month"]]
+        f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
+        for x in sizing_form.sizing_table(ref3, "same-slo")["net_usd_per_month"]]
 
 
-@needs_sizing
 def test_sizing_card_says_when_no_configuration_is_feasible(chat):
     """A 1 ms P99 SLO no candidate meets: the card is the library's 'no configuration
     meets ...' verdict shown as a warning with what would meet it, never a
@@ -448,22 +448,36 @@ def test_sizing_card_says_when_no_configuration_is_feasible(chat):
 
 
 def test_curves_and_whatifs_start_from_the_same_sizes():
-    """One set of default tier sizes (appdata.DEFAULT_TIERS), with units, on both pages."""
+    """One set of default tier sizes (choices.DEFAULT_TIERS), with units, on both pages."""
     curves = launch("views/curves.py")
     whatifs = launch("views/whatifs.py")
     c = {w.key: w.value for w in curves.text_input}
     w = {x.key: x.value for x in whatifs.text_input}
-    assert c["curve_dram"] == w["wi_dram"] == appdata.DEFAULT_TIERS["dram"] == "64GiB"
-    assert c["curve_flash"] == w["wi_flash"] == appdata.DEFAULT_TIERS["flash"] == "1TiB"
+    assert c["curve_dram"] == w["wi_dram"] == choices.DEFAULT_TIERS["dram"] == "64GiB"
+    assert c["curve_flash"] == w["wi_flash"] == choices.DEFAULT_TIERS["flash"] == "1TiB"
     for at in (curves, whatifs):
         for widget in at.text_input:
             if widget.key in ("curve_dram", "curve_flash", "wi_dram", "wi_flash", "wi_local"):
                 assert "unit" in widget.help, widget.key  # the help says a size carries its unit
 
 
+def test_whatifs_response_defaults_are_the_librarys():
+    """The response-model form starts from ResponseModel(), in the form's units, and the
+    value>=v horizon is the library's default."""
+    from kvtrace.analyses.value import DEFAULT_HORIZON
+
+    at = launch("views/whatifs.py")
+    got = {w.key: w.value for w in at.number_input}
+    r = ResponseModel()
+    assert (got["wi_dram_gbps"], got["wi_dram_ms"], got["wi_flash_gbps"], got["wi_flash_ms"], got["wi_overhead_ms"]) \
+        == (r.dram_gbps, r.dram_latency_ms, r.flash_gbps, r.flash_latency_ms, r.overhead_ms)
+    policies = next(w for w in at.multiselect if w.key == "wi_policies")
+    assert f"over a {DEFAULT_HORIZON} horizon" in policies.help
+
+
 def test_whatifs_table_shows_the_percentiles_next_to_the_shares():
-    """At 1,280 px the table used to cut off at p50: the percentiles now follow the hit
-    shares, narrow, with the configuration pinned."""
+    """Every column fits at 1,280 px: the percentiles follow the hit shares, narrow, with
+    the configuration pinned."""
     at = launch("views/whatifs.py")
     el = next(d for d in at.dataframe if "config" in d.value.columns)
     cols = list(el.value.columns)
@@ -475,7 +489,6 @@ def test_whatifs_table_shows_the_percentiles_next_to_the_shares():
     assert all(config[c]["width"] == "small" for c in ("DRAM", "SSD/flash", "miss", "p50", "p99"))
 
 
-@needs_sizing
 def test_sizing_config_upload_and_errors(chat, tmp_path):
     from kvtrace.analyses.sizing import load_config, recommend
 
@@ -570,7 +583,7 @@ def test_server_path_source(tmp_path):
 
 
 def test_launch_trace_opens_first(monkeypatch):
-    monkeypatch.setenv(appdata.ENV_TRACE, str(MIXED))
+    monkeypatch.setenv(launcher.ENV_TRACE, str(MIXED))
     at = launch()
     assert metrics(at)["requests"] == "3,000"
     assert next(w for w in at.sidebar.radio if w.key == "kv_source").value == "server path"
@@ -595,12 +608,12 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
     a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     synth.write(df, meta, a, "mooncake")
     b.write_bytes(a.read_bytes())
-    monkeypatch.setenv(appdata.ENV_DATA_DIR, str(tmp_path))
+    monkeypatch.setenv(launcher.ENV_DATA_DIR, str(tmp_path))
     at = launch()
     import kvtrace.app.cached
 
     calls = {"load": 0, "distances": 0}
-    real_load, real_dist = appdata._load, kvtrace.app.cached.reuse_distances
+    real_load, real_dist = sources._load, kvtrace.app.cached.reuse_distances
 
     def load(*args, **kw):
         calls["load"] += 1
@@ -610,7 +623,7 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
         calls["distances"] += 1
         return real_dist(*args, **kw)
 
-    monkeypatch.setattr(appdata, "_load", load)
+    monkeypatch.setattr(sources, "_load", load)
     monkeypatch.setattr(kvtrace.app.cached, "reuse_distances", dist)
     set_sidebar(at, "kv_source", "server path")
     set_sidebar(at, "kv_path", str(a))
@@ -630,21 +643,21 @@ def test_results_are_cached_per_content_hash_and_parameters(tmp_path, monkeypatc
     assert calls["load"] == 2
 
 
-# --------------------------------------------------------------------------- appdata
+# --------------------------------------------------------------------------- sources, chart tables
 
 
 def test_trace_key_is_the_content_hash_plus_options(tmp_path):
     copy = tmp_path / "copy.jsonl"
     copy.write_bytes(CHAT.read_bytes())
-    a, b = appdata.load_file(CHAT), appdata.load_file(copy)
-    up = appdata.load_upload("x.jsonl", CHAT.read_bytes())
+    a, b = sources.load_file(CHAT), sources.load_file(copy)
+    up = sources.load_upload("x.jsonl", CHAT.read_bytes())
     digest = hashlib.sha256(CHAT.read_bytes()).hexdigest()
     assert a.key == b.key == up.key == f"sha256:{digest}:auto/default/split"
-    assert appdata.load_file(CHAT, appdata.LoadOptions(share_tenants=True)).key != a.key
+    assert sources.load_file(CHAT, sources.LoadOptions(share_tenants=True)).key != a.key
     assert up.trace.meta.source == "x.jsonl"
     bad = tmp_path / "bad.jsonl"
     bad.write_bytes(b"nope\n")
-    loaded = appdata.load_file(bad)
+    loaded = sources.load_file(bad)
     assert loaded.error == f"{bad}:1: malformed JSON (Expecting value)"
     other = loaded.renamed("same.jsonl", "/elsewhere/same.jsonl")  # the same bytes under another path
     assert other.error == "/elsewhere/same.jsonl:1: malformed JSON (Expecting value)" and other.label == "same.jsonl"
@@ -652,19 +665,19 @@ def test_trace_key_is_the_content_hash_plus_options(tmp_path):
 
 def test_chart_tables_match_stats(chat):
     s = trace_stats(chat)
-    arr = appdata.arrivals_per_minute(chat)
+    arr = chart_data.arrivals_per_minute(chat)
     assert arr["requests"].sum() == s.summary["requests"]
     assert arr["requests"].max() == s.summary["peak_arrivals_per_minute"]
     assert arr["requests"].mean() == pytest.approx(s.summary["mean_arrivals_per_minute"])
-    rt = appdata.reuse_times(chat)
+    rt = chart_data.reuse_times(chat)
     row = s.lengths.filter(pl.col("quantity") == "reuse_time_s").row(0, named=True)
     assert rt.size == row["count"]
     for p in (50, 90, 99, 99.9):
         assert np.percentile(rt, p) == pytest.approx(row[f"p{p:g}"])
-    hist = appdata.reuse_time_histogram(chat)
+    hist = chart_data.reuse_time_histogram(chat)
     assert hist["count"].sum() == rt.size
     assert (hist["bin_lo"] < hist["bin_hi"]).all()
-    ih = appdata.input_length_histogram(chat)
+    ih = chart_data.input_length_histogram(chat)
     assert ih["count"].sum() == chat.n_requests
     x = chat.requests["input_tokens"].to_numpy()
     for r in ih.iter_rows(named=True):
@@ -673,24 +686,24 @@ def test_chart_tables_match_stats(chat):
 
 def test_curve_lines_and_knees(mixed):
     res = compute_curve(mixed, by="tenant")
-    lines = appdata.curve_lines(res, "compute_saved_rate")
+    lines = chart_data.metric_lines(res, "compute_saved_rate")
     assert set(lines["group_name"].unique()) == {"all", *res.info["groups"]}
     np.testing.assert_allclose(lines.filter(pl.col("group_name") == "all")["rate"].to_numpy(),
                                res.curve.filter(pl.col("capacity_bytes") > 0)["compute_saved_rate"].to_numpy())
-    k = appdata.knee_points(res, "compute_saved_rate")
+    k = chart_data.knee_points(res, "compute_saved_rate")
     assert k["capacity_bytes"].to_list() == res.knees.filter(pl.col("metric") == "compute_saved_rate")[
         "capacity_bytes"].to_list()
-    assert appdata.knee_points(res, "prefix_byte_hit_rate").height == 0
-    assert appdata.tier_marks(0, 0) == {} and appdata.tier_marks(5, 7) == {"DRAM": 5, "DRAM + flash": 12}
+    assert chart_data.knee_points(res, "prefix_byte_hit_rate").height == 0
+    assert chart_data.tier_marks(0, 0) == {} and chart_data.tier_marks(5, 7) == {"DRAM": 5, "DRAM + flash": 12}
 
 
 def test_error_line_replaces_the_temporary_path():
     from kvtrace.errors import KvtraceError
 
     exc = KvtraceError("expected a number", path="/tmp/kvtrace-upload-x/t.jsonl", line=3, field="timestamp")
-    assert appdata.error_line(exc, "t.jsonl", internal_path="/tmp/kvtrace-upload-x/t.jsonl") == \
+    assert sources.error_line(exc, "t.jsonl", internal_path="/tmp/kvtrace-upload-x/t.jsonl") == \
         "t.jsonl:3: field 'timestamp': expected a number"
-    assert appdata.error_line(ValueError("bad\nmore"), "f.parquet") == \
+    assert sources.error_line(ValueError("bad\nmore"), "f.parquet") == \
         "f.parquet: not a readable trace (ValueError)"  # a third-party message may quote the file
 
 
@@ -713,17 +726,18 @@ def test_app_command_starts_streamlit(monkeypatch):
     res = CliRunner().invoke(cli_app, ["app", str(MIXED), "--port", "9123", "--headless", "--block-tokens", "512"])
     assert res.exit_code == 0, res.output
     argv, env = seen["argv"], seen["env"]
-    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(appdata.APP_ENTRY)
+    assert argv[1:4] == ["-m", "streamlit", "run"] and argv[4] == str(launcher.APP_ENTRY)
     opts = dict(zip(argv[5::2], argv[6::2]))
     assert opts["--server.port"] == "9123" and opts["--server.headless"] == "true"
     assert opts["--server.address"] == "localhost"
-    assert env[appdata.ENV_TRACE] == str(MIXED.resolve()) and env[appdata.ENV_BLOCK_TOKENS] == "512"
-    assert env[appdata.ENV_DATA_DIR] == str(MIXED.parent.resolve())  # the trace's directory by default
-    assert env[appdata.ENV_MAX_TRACE_BYTES] == str(4 * GiB) and opts["--server.maxUploadSize"] == "4096"
+    assert env[launcher.ENV_TRACE] == str(MIXED.resolve()) and env[launcher.ENV_BLOCK_TOKENS] == "512"
+    assert env[launcher.ENV_DATA_DIR] == str(MIXED.parent.resolve())  # the trace's directory by default
+    assert env[launcher.ENV_MAX_TRACE_BYTES] == str(4 * GiB) and opts["--server.maxUploadSize"] == "4096"
 
     res = CliRunner().invoke(cli_app, ["app"])
     assert res.exit_code == 0
-    assert appdata.ENV_TRACE not in seen["env"] and seen["argv"][seen["argv"].index("--server.headless") + 1] == "false"
+    assert launcher.ENV_TRACE not in seen["env"]
+    assert seen["argv"][seen["argv"].index("--server.headless") + 1] == "false"
 
 
 def test_app_command_stops_streamlit_on_sigterm(tmp_path):
@@ -773,6 +787,8 @@ def test_app_command_missing_trace_is_one_line():
     assert res.stderr.strip() == "kvtrace: error: no/such/trace.jsonl: no such file"
 
 
-def test_appdata_never_imports_streamlit():
-    code = "import sys, kvtrace.results.appdata, kvtrace.cli; assert 'streamlit' not in sys.modules, 'streamlit imported'"
+def test_app_modules_never_import_streamlit():
+    code = ("import sys, kvtrace.app.sources, kvtrace.app.launcher, kvtrace.app.choices, kvtrace.app.sizing_form, "
+            "kvtrace.results.present, kvtrace.results.chart_data, kvtrace.cli; "
+            "assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.results import appdata
+from kvtrace.app import launcher
 
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -122,14 +122,6 @@ def _assert_no_exception(page) -> None:
     assert "Traceback" not in page.locator('[data-testid="stApp"]').inner_text()
 
 
-def _sizing_available() -> bool:
-    try:
-        from kvtrace.analyses import sizing  # noqa: F401
-    except ImportError:
-        return False
-    return hasattr(sizing, "recommend")
-
-
 @pytest.mark.parametrize("path", list(PAGES))
 def test_page_renders_in_a_real_browser(browser, server, path, tmp_path):
     page = browser.new_page(viewport={"width": 1500, "height": 2200})
@@ -137,7 +129,7 @@ def test_page_renders_in_a_real_browser(browser, server, path, tmp_path):
         page.goto(f"{server}/{path}", timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector('[data-testid="stApp"]', timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector("h1", timeout=PAGE_TIMEOUT_MS)
-        charts = PAGES[path] if (path != "sizing" or _sizing_available()) else 0
+        charts = PAGES[path]
         if charts:
             page.wait_for_function(
                 "n => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
@@ -210,5 +202,5 @@ def test_a_path_outside_the_data_directory_is_refused_in_a_real_browser(browser,
 
 
 def test_the_app_files_exist():
-    assert appdata.APP_ENTRY.is_file()
-    assert all((appdata.APP_DIR / "views" / f"{p or 'overview'}.py").is_file() for p in PAGES)
+    assert launcher.APP_ENTRY.is_file()
+    assert all((launcher.APP_DIR / "views" / f"{p or 'overview'}.py").is_file() for p in PAGES)

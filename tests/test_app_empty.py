@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from kvtrace.results import appdata
+from kvtrace.app import launcher
+from kvtrace.results import chart_data
 from kvtrace.cli import app as cli_app
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
@@ -28,14 +29,14 @@ TRACES = {
 @pytest.fixture
 def trace_file(request, tmp_path, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(ENTRY.parent))
-    for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
-              appdata.ENV_LOG_OPTIONS):
+    for k in (launcher.ENV_TRACE, launcher.ENV_FORMAT, launcher.ENV_BLOCK_TOKENS, launcher.ENV_SHARE_TENANTS,
+              launcher.ENV_SAMPLES, launcher.ENV_DATA_DIR, launcher.ENV_MAX_TRACE_BYTES,
+              launcher.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
     path = tmp_path / f"{request.param}.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in TRACES[request.param]))
-    monkeypatch.setenv(appdata.ENV_TRACE, str(path))
-    monkeypatch.setenv(appdata.ENV_DATA_DIR, str(tmp_path))
+    monkeypatch.setenv(launcher.ENV_TRACE, str(path))
+    monkeypatch.setenv(launcher.ENV_DATA_DIR, str(tmp_path))
     return path
 
 
@@ -67,22 +68,22 @@ def test_every_chart_builder_renders_empty_data_with_a_note(trace_file):
 
     trace = load_trace(trace_file)
     curve = compute_curve(trace)
-    lines = appdata.curve_lines(curve, "prefix_token_hit_rate")
+    lines = chart_data.metric_lines(curve, "prefix_token_hit_rate")
     table = summary_table([simulate(trace, TierConfig("16GiB", flash_bytes="256GiB")).summary])
     sizing = recommend(trace, default_config())
     built = {
-        "arrivals": app_charts.arrivals(appdata.arrivals_per_minute(trace).clear()),
-        "reuse times": app_charts.log_histogram(appdata.reuse_time_histogram(trace), x_title="s", y_title="n",
+        "arrivals": app_charts.arrivals(chart_data.arrivals_per_minute(trace).clear()),
+        "reuse times": app_charts.log_histogram(chart_data.reuse_time_histogram(trace), x_title="s", y_title="n",
                                                 title="Reuse time", unit="s", empty="no block is accessed twice"),
-        "curve (app)": app_charts.curve(lines, appdata.knee_points(curve, "prefix_token_hit_rate"), None,
-                                        appdata.tier_marks(64 * 2**30, 0), "prefix tokens", ""),
-        "latency": app_charts.latency(appdata.latency_table(table)),
+        "curve (app)": app_charts.curve(lines, chart_data.knee_points(curve, "prefix_token_hit_rate"), None,
+                                        chart_data.tier_marks(64 * 2**30, 0), "prefix tokens", ""),
+        "latency": app_charts.latency(chart_data.latency_table(table)),
         "curve": charts.curve_chart(curve),
         "frontier": charts.frontier_chart(table.clear()),
         "sizing curve": charts.sizing_curve_chart(sizing),
         "cost": charts.cost_slo_chart(sizing),
     }
-    assert lines.drop_nulls("rate").height == 0 and appdata.reuse_time_histogram(trace).height == 0
+    assert lines.drop_nulls("rate").height == 0 and chart_data.reuse_time_histogram(trace).height == 0
     for name, chart in built.items():
         spec = chart.properties(width=400).to_json()
         svg = vlc.vegalite_to_svg(spec)

@@ -18,7 +18,7 @@ import pytest
 from test_app import ENTRY, TIMEOUT, charts, clean, metrics, pct, set_sidebar, table
 from typer.testing import CliRunner
 
-from kvtrace.results import appdata
+from kvtrace.app import launcher, sources
 from kvtrace.cli import app as cli_app
 from kvtrace.analyses.curves import compute_curve
 from kvtrace.ingest import LogOptions, load_trace
@@ -30,7 +30,7 @@ from test_chat_logs import CONVERSATION, _train  # noqa: E402
 from test_logs_cli import write_token_log  # noqa: E402
 
 GiB = 2**30
-TIERS = [64 * GiB, 64 * GiB + 2**40]  # the pages' default DRAM and DRAM + flash (appdata.DEFAULT_TIERS)
+TIERS = [64 * GiB, 64 * GiB + 2**40]  # the pages' default DRAM and DRAM + flash (choices.DEFAULT_TIERS)
 #: the token log's field names, none of them the defaults (prompt_token_ids, timestamp, cache_salt)
 TOKEN_OPTIONS = {"tokens_field": "ids", "time_field": "ts_ms", "salt_field": "salt"}
 NO_TOKENIZER = "a local Hugging Face tokenizer; nothing is downloaded"
@@ -40,11 +40,11 @@ NO_TOKENIZER = "a local Hugging Face tokenizer; nothing is downloaded"
 def data(monkeypatch, tmp_path) -> Path:
     """As ``streamlit run`` does, without a launch trace; the data directory ``tmp_path/data``."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
-    for k in [k for k in os.environ if k.startswith("KVTRACE_APP_")] + [appdata.ENV_SAMPLES]:
+    for k in [k for k in os.environ if k.startswith("KVTRACE_APP_")] + [launcher.ENV_SAMPLES]:
         monkeypatch.delenv(k, raising=False)
     root = tmp_path / "data"
     root.mkdir()
-    monkeypatch.setenv(appdata.ENV_DATA_DIR, str(root))
+    monkeypatch.setenv(launcher.ENV_DATA_DIR, str(root))
     return root
 
 
@@ -67,10 +67,10 @@ def chat_log(data) -> Path:
     return p
 
 
-def launched(monkeypatch, trace: Path, options: appdata.LoadOptions, **kw) -> AppTest:
+def launched(monkeypatch, trace: Path, options: sources.LoadOptions, **kw) -> AppTest:
     """The Overview page as ``kvtrace app TRACE`` serves it (its environment, from
-    :func:`kvtrace.results.appdata.streamlit_command`)."""
-    _argv, env = appdata.streamlit_command(trace, options=options, **kw)
+    :func:`kvtrace.app.launcher.streamlit_command`)."""
+    _argv, env = launcher.streamlit_command(trace, options=options, **kw)
     for k, v in env.items():
         if k.startswith("KVTRACE_APP_"):
             monkeypatch.setenv(k, v)
@@ -129,7 +129,7 @@ def assert_curves_page_is(at: AppTest, trace) -> None:
 
 def test_kvtrace_app_on_a_token_log_shows_the_librarys_curve(monkeypatch, token_log):
     log = LogOptions.from_options(**TOKEN_OPTIONS)
-    at = launched(monkeypatch, token_log, appdata.LoadOptions("tokens", log=log))
+    at = launched(monkeypatch, token_log, sources.LoadOptions("tokens", log=log))
     trace = load_trace(token_log, fmt="tokens", log=log)
     m = metrics(at)
     assert m["requests"] == "400" and m["block accesses"] == f"{trace.n_accesses:,}"
@@ -218,8 +218,8 @@ def test_a_chat_log_without_its_tokenizer_is_one_line_naming_what_to_pass(data, 
     assert one_line(at) == ("chat.jsonl: field 'tokenizer': no tokenizer: pass --tokenizer DIR_OR_tokenizer.json: "
                             f"{NO_TOKENIZER}")
     set_sidebar(at, "kv_log_tokenizer", "tokenizers/llama")
-    assert one_line(at) == (f"{os.path.realpath(data)}/tokenizers/llama: no such tokenizer: pass --tokenizer DIR_OR_tokenizer.json: "
-                            f"{NO_TOKENIZER}")
+    assert one_line(at) == (f"{os.path.realpath(data)}/tokenizers/llama: no such tokenizer: "
+                            f"pass --tokenizer DIR_OR_tokenizer.json: {NO_TOKENIZER}")
     (data / "empty").mkdir()
     set_sidebar(at, "kv_log_tokenizer", "empty")
     msg = one_line(at)
@@ -259,39 +259,39 @@ def test_launch_options_round_trip_through_the_environment(data, token_log, monk
     tok, _ = _train(data)
     log = LogOptions.from_options(**TOKEN_OPTIONS, time_unit="ms", hash_fn="sha256_cbor", hash_seed="7",
                                   tokenizer=str(tok))
-    _argv, env = appdata.streamlit_command(token_log, options=appdata.LoadOptions("tokens", 32, log=log))
-    assert json.loads(env[appdata.ENV_LOG_OPTIONS])["fields"]["tokens"] == "ids"
+    _argv, env = launcher.streamlit_command(token_log, options=sources.LoadOptions("tokens", 32, log=log))
+    assert json.loads(env[launcher.ENV_LOG_OPTIONS])["fields"]["tokens"] == "ids"
     for k, v in env.items():
         if k.startswith("KVTRACE_APP_"):
             monkeypatch.setenv(k, v)
-    path, opts = appdata.launch_options()
-    assert path == token_log and opts == appdata.LoadOptions("tokens", 32, log=log)
+    path, opts = launcher.launch_options()
+    assert path == token_log and opts == sources.LoadOptions("tokens", 32, log=log)
     # default options are not passed: a trace launched without them keeps its cache key
-    _argv, env = appdata.streamlit_command(token_log, options=appdata.LoadOptions("tokens", log=LogOptions()))
-    assert appdata.ENV_LOG_OPTIONS not in env
+    _argv, env = launcher.streamlit_command(token_log, options=sources.LoadOptions("tokens", log=LogOptions()))
+    assert launcher.ENV_LOG_OPTIONS not in env
     # a tokenizer out of --data-dir is refused before Streamlit starts
     elsewhere = data.parent / "models"
     elsewhere.mkdir()
     from kvtrace.errors import KvtraceError
 
     with pytest.raises(KvtraceError, match=r"models: field 'tokenizer': outside --data-dir .* holds the trace and"):
-        appdata.streamlit_command(token_log, options=appdata.LoadOptions("openai", log=LogOptions(
+        launcher.streamlit_command(token_log, options=sources.LoadOptions("openai", log=LogOptions(
             tokenizer=str(elsewhere))))
 
 
 def test_the_cache_key_names_the_log_options(token_log):
-    plain = appdata.LoadOptions("tokens")
-    assert plain.tag == appdata.LoadOptions("tokens", log=LogOptions()).tag == "tokens/default/split"
-    tags = {appdata.LoadOptions("tokens", log=LogOptions.from_options(**o)).tag
+    plain = sources.LoadOptions("tokens")
+    assert plain.tag == sources.LoadOptions("tokens", log=LogOptions()).tag == "tokens/default/split"
+    tags = {sources.LoadOptions("tokens", log=LogOptions.from_options(**o)).tag
             for o in ({"tokens_field": "ids"}, {"tokens_field": "ids", "hash_seed": "1"}, {"time_unit": "ms"})}
     assert len(tags) == 3 and all(t.startswith("tokens/default/split/log-") for t in tags)
-    a = appdata.load_file(token_log, appdata.LoadOptions("tokens", log=LogOptions.from_options(**TOKEN_OPTIONS)))
+    a = sources.load_file(token_log, sources.LoadOptions("tokens", log=LogOptions.from_options(**TOKEN_OPTIONS)))
     assert a.error is None and a.trace.n_requests == 400
 
 
 def test_the_tokenizers_bytes_are_in_the_cache_key(data):
     tok, _ = _train(data)
-    opts = appdata.LoadOptions("openai", log=LogOptions(tokenizer=str(tok)))
+    opts = sources.LoadOptions("openai", log=LogOptions(tokenizer=str(tok)))
     before = opts.tag
     config = tok / "tokenizer_config.json"
     config.write_text(config.read_text().replace('"eos_token": "</s>"', '"eos_token": "<unk>"'))
@@ -314,6 +314,6 @@ def test_the_app_command_passes_the_request_log_options(data, token_log, monkeyp
     res = CliRunner().invoke(cli_app, ["app", str(token_log), "--format", "tokens", "--tokens-field", "ids",
                                        "--time-field", "ts_ms", "--salt-field", "salt"])
     assert res.exit_code == 0, res.output
-    monkeypatch.setenv(appdata.ENV_LOG_OPTIONS, seen["env"][appdata.ENV_LOG_OPTIONS])
-    monkeypatch.setenv(appdata.ENV_FORMAT, seen["env"][appdata.ENV_FORMAT])
-    assert appdata.launch_options()[1].log == LogOptions.from_options(**TOKEN_OPTIONS)
+    monkeypatch.setenv(launcher.ENV_LOG_OPTIONS, seen["env"][launcher.ENV_LOG_OPTIONS])
+    monkeypatch.setenv(launcher.ENV_FORMAT, seen["env"][launcher.ENV_FORMAT])
+    assert launcher.launch_options()[1].log == LogOptions.from_options(**TOKEN_OPTIONS)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.results import appdata
+from kvtrace.app import launcher, sources
 
 AppTest = pytest.importorskip("streamlit.testing.v1").AppTest
 
@@ -33,13 +33,13 @@ TIMEOUT = 120  # seconds per script run: the first one compiles the kernels when
 def data(monkeypatch, tmp_path) -> Path:
     """The data directory ``tmp_path/data``; a planted secret next to it, outside."""
     monkeypatch.syspath_prepend(str(ENTRY.parent))
-    for k in (appdata.ENV_TRACE, appdata.ENV_FORMAT, appdata.ENV_BLOCK_TOKENS, appdata.ENV_SHARE_TENANTS,
-              appdata.ENV_SAMPLES, appdata.ENV_DATA_DIR, appdata.ENV_MAX_TRACE_BYTES,
-              appdata.ENV_LOG_OPTIONS):
+    for k in (launcher.ENV_TRACE, launcher.ENV_FORMAT, launcher.ENV_BLOCK_TOKENS, launcher.ENV_SHARE_TENANTS,
+              launcher.ENV_SAMPLES, launcher.ENV_DATA_DIR, launcher.ENV_MAX_TRACE_BYTES,
+              launcher.ENV_LOG_OPTIONS):
         monkeypatch.delenv(k, raising=False)
     root = tmp_path / "data"
     root.mkdir()
-    monkeypatch.setenv(appdata.ENV_DATA_DIR, str(root))
+    monkeypatch.setenv(launcher.ENV_DATA_DIR, str(root))
     (tmp_path / "secret.csv").write_text(SECRET_LINE + "\n")
     return root
 
@@ -48,7 +48,7 @@ def data(monkeypatch, tmp_path) -> Path:
 def reads(monkeypatch) -> list[str]:
     """Paths the app hashed or parsed (each read of a trace goes through one of them)."""
     seen: list[str] = []
-    real_hash, real_load = appdata.file_sha256, appdata._load
+    real_hash, real_load = sources.file_sha256, sources._load
 
     def file_sha256(path, **kw):
         seen.append(str(path))
@@ -58,8 +58,8 @@ def reads(monkeypatch) -> list[str]:
         seen.append(str(path))
         return real_load(path, options)
 
-    monkeypatch.setattr(appdata, "file_sha256", file_sha256)
-    monkeypatch.setattr(appdata, "_load", load)
+    monkeypatch.setattr(sources, "file_sha256", file_sha256)
+    monkeypatch.setattr(sources, "_load", load)
     return seen
 
 
@@ -161,13 +161,13 @@ def test_fifos_and_devices_are_refused_unopened(data, reads, monkeypatch):
     msg = refusal(server_path("trace.jsonl", timeout=30))
     assert msg == "trace.jsonl: not a regular file (a device, FIFO or socket): expected a trace file or a " \
                   "directory of JSONL shards"
-    monkeypatch.setenv(appdata.ENV_DATA_DIR, "/dev")  # a device inside the root: /dev/zero never ends
+    monkeypatch.setenv(launcher.ENV_DATA_DIR, "/dev")  # a device inside the root: /dev/zero never ends
     assert "not a regular file" in refusal(server_path("zero", "csv", timeout=30))
     assert reads == []
 
 
 def test_a_file_over_the_size_limit_is_refused_before_it_is_read(data, reads, monkeypatch):
-    monkeypatch.setenv(appdata.ENV_MAX_TRACE_BYTES, "1000")
+    monkeypatch.setenv(launcher.ENV_MAX_TRACE_BYTES, "1000")
     shutil.copy(CHAT, data / "chat.jsonl")
     at = server_path("chat.jsonl")
     size = (data / "chat.jsonl").stat().st_size
@@ -180,7 +180,7 @@ def test_a_file_over_the_size_limit_is_refused_before_it_is_read(data, reads, mo
 
 
 def test_an_upload_over_the_size_limit_is_refused_before_it_is_read(reads, monkeypatch):
-    monkeypatch.setenv(appdata.ENV_MAX_TRACE_BYTES, "1000")
+    monkeypatch.setenv(launcher.ENV_MAX_TRACE_BYTES, "1000")
     at = upload("chat.jsonl", CHAT.read_bytes())
     assert "above the dashboard's limit of 1000 B per trace" in refusal(at)
     assert reads == []
@@ -190,9 +190,9 @@ def test_hashing_is_bounded_and_stoppable(tmp_path):
     from kvtrace.errors import KvtraceError
 
     with pytest.raises(KvtraceError, match="above the dashboard's limit"):  # an endless file
-        appdata.file_sha256("/dev/zero", max_bytes=10 * 2**20)
+        sources.file_sha256("/dev/zero", max_bytes=10 * 2**20)
     big = tmp_path / "big.bin"
-    big.write_bytes(b"\0" * (3 * appdata._HASH_CHUNK))
+    big.write_bytes(b"\0" * (3 * sources._HASH_CHUNK))
     calls = []
 
     def stop(done, total):
@@ -200,8 +200,8 @@ def test_hashing_is_bounded_and_stoppable(tmp_path):
         raise KeyboardInterrupt  # as StopException would: out of the hash loop
 
     with pytest.raises(KeyboardInterrupt):
-        appdata.file_sha256(big, progress=stop)
-    assert calls == [(appdata._HASH_CHUNK, 3 * appdata._HASH_CHUNK)]
+        sources.file_sha256(big, progress=stop)
+    assert calls == [(sources._HASH_CHUNK, 3 * sources._HASH_CHUNK)]
 
 
 # --------------------------------------------------------------------------- error lines
@@ -236,12 +236,12 @@ def test_error_line_keeps_the_expected_structure():
         except ValueError as exc:
             raise KvtraceError(f"cannot read as csv: {exc}", path="t.csv", line=2) from None
     except KvtraceError as exc:
-        assert appdata.error_line(exc, "t.csv") == "t.csv:2: cannot read as csv"
+        assert sources.error_line(exc, "t.csv") == "t.csv:2: cannot read as csv"
     exc = KvtraceError(f"expected numbers, got '{SECRET}'", path="t.csv", line=2, field="timestamp")
-    assert appdata.error_line(exc, "t.csv") == "t.csv:2: field 'timestamp': expected numbers"
+    assert sources.error_line(exc, "t.csv") == "t.csv:2: field 'timestamp': expected numbers"
     exc = KvtraceError(f"expected a list column of block hashes (block_ids/hash_ids); found columns: {SECRET}",
                        path="t.csv")
-    assert appdata.error_line(exc, "t.csv") == "t.csv: expected a list column of block hashes (block_ids/hash_ids)"
+    assert sources.error_line(exc, "t.csv") == "t.csv: expected a list column of block hashes (block_ids/hash_ids)"
 
 
 # --------------------------------------------------------------------------- a stopped run

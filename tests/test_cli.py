@@ -659,3 +659,41 @@ def test_whatif_bad_options(tmp_path):
     one_line_error(run("whatif", missing, "--dram", "64GiB,128GiB", columns=80), 2, "grid")
     one_line_error(run("whatif", missing, "--dram", "64GiB", "--out", "w.txt", columns=80), 2, "unsupported output")
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------ the shared formats and defaults
+def test_present_formats_are_the_cli_formats():
+    from kvtrace.results import present
+
+    assert [present.rate(x) for x in (None, 0.1234, 1.0)] == ["-", "12.34%", "100.00%"]
+    assert [present.count(x) for x in (None, 1234, 12345.6, 12.345, 3.0)] == ["-", "1,234", "12,346", "12.3", "3"]
+    assert [present.money(x) for x in (None, 1234.5, -868.52)] == ["-", "$1,234.50", "-$868.52"]
+    assert [present.signed_money(x) for x in (12.0, -3.5)] == ["+$12.00", "-$3.50"]
+    assert present.plain_dollars(-0.05) == "$-0.05"
+    assert [present.milliseconds(x) for x in (None, 181.04)] == ["-", "181.0 ms"]
+    assert present.bandwidth(3 * GiB) == "3 GiB/s" and present.per_tb(1.5e-12) == "1.50"
+
+
+def test_knee_table_pivots_the_curve_knees():
+    from kvtrace.results import present
+
+    result = compute_curve(load_trace(CHAT), model="Llama-3.1-8B")
+    table = present.knee_table(result.knees)
+    assert table.columns == ["share of ceiling", *KNEE_METRICS]
+    assert table["share of ceiling"].to_list() == [f"{100 * f:g}%" for f in sorted(KNEE_FRACTIONS)]
+    k = result.knees.filter((pl.col("metric") == "request_hit_rate") & (pl.col("fraction") == 0.8))
+    cell = table.filter(pl.col("share of ceiling") == "80%")["request_hit_rate"][0]
+    assert cell == f"{present.format_bytes(k['capacity_bytes'][0])} ({present.rate(k['target_rate'][0])})"
+
+
+def test_option_defaults_are_the_library_defaults():
+    from kvtrace.analyses.response import ResponseModel
+    from kvtrace.analyses.value import DEFAULT_HORIZON
+
+    r = ResponseModel()
+    text = RUNNER.invoke(app, ["whatif", "--help"], env={"COLUMNS": "200"}).stdout
+    for option, value in (("--dram-gbps", r.dram_bytes_per_s / 1e9), ("--dram-latency-ms", r.dram_fixed_s * 1e3),
+                          ("--flash-gbps", r.flash_bytes_per_s / 1e9), ("--flash-latency-ms", r.flash_fixed_s * 1e3),
+                          ("--overhead-ms", r.overhead_s * 1e3), ("--horizon", DEFAULT_HORIZON)):
+        line = next(line for line in text.splitlines() if f"{option} " in line)
+        assert f"[default: {value}]" in line, line

@@ -236,7 +236,7 @@ def test_a_streamed_huge_row_group_equals_the_in_memory_run(one_row_group, monke
     mem = load_trace(one_row_group, block_tokens=16)
     monkeypatch.setattr(chunks_mod, "CHUNK_ACCESSES", 1_000)
     with open_stream(one_row_group, block_tokens=16) as st:
-        assert_array_equal(np.concatenate([c.block for c in st.access_chunks(layout=False)]), mem.accesses.block)
+        assert_array_equal(np.concatenate([c.block for c in st.chunks(layout=False)]), mem.accesses.block)
         assert_array_equal(st.block_size, mem.block_size)
         a, b = compute_curve(mem), compute_curve(st)
         assert a.curve.equals(b.curve) and a.knees.equals(b.knees)
@@ -269,3 +269,37 @@ def test_the_hash_column_is_copied_out_in_pieces(one_row_group, monkeypatch):
     assert_array_equal(small.accesses.block, whole.accesses.block)
     assert_array_equal(small.block_hash, whole.block_hash)
     assert canonical_mod.distinct_blocks(small.requests, small.meta) == whole.n_blocks
+
+
+def test_streaming_and_the_guard_share_one_budget_under_a_cgroup_limit(tmp_path, monkeypatch):
+    """In a memory-limited container (a fake cgroup v2 limit far below the host's
+    MemAvailable) ``should_stream`` and the guard read the same budget: a trace that does
+    not fit is streamed, and the guard refuses it in memory; one that fits is neither."""
+    from kvtrace.ingest import stream as stream_mod
+    from kvtrace.trace import budget
+
+    rows, per = 200, 50
+    path = hash_table(tmp_path / "t.parquet", np.arange(rows * per, dtype=np.uint64) + 1, rows)
+    need = stream_mod.in_memory_estimate(path)
+    meminfo, limit, usage = tmp_path / "meminfo", tmp_path / "memory.max", tmp_path / "memory.current"
+    meminfo.write_text("MemTotal: 67108864 kB\nMemAvailable: 67108864 kB\n")  # 64 GiB on the host
+    usage.write_text(f"{100 * MiB}\n")
+    monkeypatch.setattr(budget, "MEMINFO", str(meminfo))
+    monkeypatch.setattr(budget, "CGROUP_FILES", ((str(limit), str(usage)),))
+    monkeypatch.delenv(budget.MEMORY_BUDGET_ENV, raising=False)
+
+    limit.write_text(f"{100 * MiB + need - 1}\n")  # room: one byte short of the in-memory curve
+    assert guard.available_bytes() == (need - 1, "left in this cgroup")
+    assert stream_mod.memory_budget() == (need - 1) // 2  # streams at half the room, the guard refuses past it
+    assert stream_mod.should_stream(path)
+    with pytest.raises(KvtraceError, match="left in this cgroup"):
+        load_requests(path, workload="curve", block_tokens=512)
+
+    limit.write_text(f"{100 * MiB + 4 * need}\n")
+    assert guard.available_bytes() == (4 * need, "left in this cgroup")
+    assert not stream_mod.should_stream(path)
+    df, _, _ = load_requests(path, workload="curve", block_tokens=512)
+    assert df.height == rows
+
+    limit.write_text("max\n")  # no limit: the host's available memory
+    assert guard.available_bytes() == (64 << 30, "available") and stream_mod.memory_budget() == 32 << 30

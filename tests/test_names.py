@@ -130,9 +130,10 @@ def test_cli_tables_print_each_metric_under_its_label():
     for col in ("request_hit_rate", "prefix_token_hit_rate", "token_hit_rate", "compute_saved_rate",
                 "gpu_seconds_saved_per_hour", "usd_saved_per_hour", "read_mean_bytes_per_s"):
         assert names.label(col) in out, col
-    from kvtrace.results import appdata, charts
+    from kvtrace.app import choices
+    from kvtrace.results import charts
     assert set(charts.CURVE_METRICS.values()) <= set(names.LABELS.values())
-    assert set(appdata.CURVE_METRICS) <= set(names.LABELS.values())
+    assert set(choices.CURVE_METRICS) <= set(names.LABELS.values())
 
 
 #: The what-if table's names of the release before the scheme.

@@ -30,7 +30,8 @@ from kvtrace.errors import KvtraceError
 from kvtrace.ingest import load_trace
 from kvtrace.model import resolve_gpu, resolve_model
 from kvtrace.analyses.sizing import (CANDIDATES, LENSES, SizingConfig, TierSpec, default_config, load_config, recommend,
-                            report_html, report_markdown)
+                                    whatif_args, whatif_command)
+from kvtrace.results.sizing_report import report_html, report_markdown
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -329,18 +330,26 @@ def test_cli_size_writes_outputs(cyclic, tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
-def whatif_figures(command: str, trace: Path) -> dict:
-    args = shlex.split(command)
-    assert args[:2] == ["kvtrace", "whatif"]
-    args[2] = str(trace)
-    res = run(*args[1:], "--json", "-")
+def whatif_json(*args) -> dict:
+    """What ``kvtrace whatif ARGS --json -`` says of its one configuration."""
+    res = run("whatif", *args, "--json", "-")
     assert res.exit_code == 0, res.stderr
     return json.loads(res.stdout)["configs"][0]
 
 
+def whatif_figures(replay, trace: Path) -> dict:
+    """Run the replay a recommendation carries (its options as data) on ``trace``."""
+    assert replay is not None and replay.trace
+    args = whatif_args(replay)
+    assert args[0] == replay.trace
+    assert whatif_command(replay) == shlex.join(["kvtrace", "whatif", *args])
+    return whatif_json(*whatif_args(dataclasses.replace(replay, trace=str(trace))))
+
+
 def test_recommended_flash_configuration_replays_identically_with_whatif(cyclic):
     res = recommend(load_trace(cyclic), tiny_config(), trace_name=str(cyclic))
-    w = whatif_figures(res.recommendation.whatif_command, cyclic)
+    assert res.recommendation.replay.trace == str(cyclic)
+    w = whatif_figures(res.recommendation.replay, cyclic)
     f = res.recommendation.figures
     assert w["dram_prefix_token_hit_rate"] == f["dram_prefix_token_hit_rate"]
     assert w["local_prefix_token_hit_rate"] + w["flash_prefix_token_hit_rate"] == f["ssd_prefix_token_hit_rate"]
@@ -358,13 +367,16 @@ def test_sample_trace_size_is_fast_and_consistent_with_whatif(tmp_path):
     d = json.loads(js.read_text())
     rec = d["recommendation"]
     assert rec["candidate"] in CANDIDATES and rec["figures"]["feasible"]
-    w = whatif_figures(rec["whatif_command"], CHAT)
+    # the JSON's command is the library's replay, written out
+    lib = recommend(load_trace(CHAT), load_config(EXAMPLE), trace_name=str(CHAT)).recommendation
+    assert rec["whatif_command"] == lib.whatif_command == whatif_command(lib.replay)
+    w = whatif_figures(lib.replay, CHAT)
     f = rec["figures"]
     assert w["dram_prefix_token_hit_rate"] == pytest.approx(f["dram_prefix_token_hit_rate"], rel=1e-12)
     assert (w["flash_prefix_token_hit_rate"] or 0) + (w["local_prefix_token_hit_rate"] or 0) == pytest.approx(f["ssd_prefix_token_hit_rate"], rel=1e-12, abs=0)
     assert w["service_time_p99_ms"] == pytest.approx(f["service_time_p99_ms"], rel=1e-12)
     # and the table's today row is what kvtrace whatif says of today's DRAM
-    today = whatif_figures("kvtrace whatif X --dram 64GiB", CHAT)
+    today = whatif_json(str(CHAT), "--dram", "64GiB")
     assert today["service_time_p99_ms"] == pytest.approx(f["before_service_time_p99_ms"], rel=1e-12)
     assert re.search(r"expand DRAM|add local SSD|add shared flash|DRAM \+ flash|keep DRAM|recompute only",
                      res.stdout)

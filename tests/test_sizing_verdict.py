@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 
 from kvtrace.cli import app
 from kvtrace.ingest import load_trace
-from kvtrace.analyses.sizing import recommend
+from kvtrace.analyses.sizing import recommend, whatif_args
 
 from test_sizing import GiB, mooncake, row, tiny_config
 
@@ -98,8 +98,9 @@ def test_only_endurance_separates_two_candidates(cyclic):
     assert rec.feasible and rec.candidate == "add-shared-flash"
     assert rec.headline == f"recommendation: add shared flash ({shared['config']}, admission all)"
     assert rec.shortfalls == {} and rec.needed == []
-    # the replay command writes sizes with their units, exactly
-    assert " --dram 1GiB --flash 3GiB " in rec.whatif_command
+    # the replay holds the recommended sizes, and its command writes them with their units, exactly
+    assert (rec.replay.dram_bytes, rec.replay.local_ssd_bytes, rec.replay.flash_bytes) == (GiB, 0, 3 * GiB)
+    assert whatif_args(rec.replay)[1:5] == ["--dram", "1GiB", "--flash", "3GiB"]
 
 
 def test_a_feasible_recommendation_comes_first_in_the_cli(cyclic, tmp_path):

@@ -4,13 +4,15 @@ Traces are Parquet tables in many row groups, and the streamed passes run on chu
 a few thousand accesses (``CHUNK_ACCESSES`` shrunk), so every carried state (block
 visits, per-group counts and bits, the reuse-time spill) crosses many chunk
 boundaries. Comparisons are exact: dicts with ``==``, tables with
-``assert_frame_equal(check_exact=True)``. The two pieces that are not the in-memory
-code run on other data, the out-of-core order statistics and numpy's percentile
-interpolation (kvtrace.analyses.quantiles), are checked against numpy directly.
+``assert_frame_equal(check_exact=True)``. The pieces that stand in for numpy on values
+read in chunks (kvtrace.analyses.stats: the out-of-core order statistics, numpy's
+percentile interpolation from them, the sum in a fixed order) are checked against numpy
+directly.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 
 import naive
@@ -31,12 +33,22 @@ from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.canonical import METADATA_KEY, conform
 from kvtrace.kernels.reuse import visit_blocks
-from kvtrace.analyses.quantiles import linear_percentile, order_statistics, percentile_ranks
-from kvtrace.analyses.stats import PERCENTILES, STREAM_COLUMNS, should_stream, trace_stats
+from kvtrace.analyses.stats import (PERCENTILES, STREAM_COLUMNS, linear_percentile, order_statistics,
+                                    percentile_ranks, trace_stats)
 from kvtrace.ingest.stream import open_stream
 from kvtrace.trace import TraceMeta
 
 CHUNK = 1_000
+should_stream = functools.partial(stream_mod.should_stream, workload="stats")  # as `kvtrace stats` decides
+
+
+def file_reader(path, n, chunk):
+    """A read() for order_statistics: the n float64 values of a file, chunk at a time."""
+    def read():
+        with open(path, "rb") as fh:
+            for lo in range(0, n, chunk):
+                yield np.fromfile(fh, dtype=np.float64, count=min(chunk, n - lo))
+    return read
 
 
 @pytest.fixture(autouse=True)
@@ -86,7 +98,7 @@ def streamed_stats(path, model=None, min_chunks=4, **options):
     with open_stream(path, columns=STREAM_COLUMNS, **options) as st:
         assert len(list(st._chunks(source_mod.CHUNK_ACCESSES))) >= min_chunks or st.n_accesses <= CHUNK
         result = trace_stats(st, model)
-        assert not (st.spill / "stats-reuse-times").exists()  # its disk is freed at once
+        assert not (st.spill / "column-stats-reuse-times").exists()  # its disk is freed at once
     return result
 
 
@@ -174,10 +186,10 @@ def test_a_stream_without_the_request_columns_is_refused(mixed):
 def test_top_prefixes_ranked_in_chunks_equal_one_ranking(mixed):
     """The blocks ranked a few at a time (each chunk's best, then the best of those)
     give the ranking of all at once, ties by block id included."""
-    from kvtrace.analyses.stats import _in_memory_figures, _top_prefixes
+    from kvtrace.analyses.stats import _access_figures, _top_prefixes
 
     trace = load_trace(mixed)
-    fig = _in_memory_figures(trace, [])
+    fig = _access_figures(trace, [], None)
     for top in (1, 10, 60, trace.n_blocks):
         want = _top_prefixes(trace, fig, 4, top, chunk=10**9)
         assert want.height == min(top, int(np.count_nonzero((fig.count > 1) & ~fig.dominated)))
@@ -203,6 +215,24 @@ def test_visit_blocks_matches_its_twin_in_any_chunking():
                 kernel(block[lo:hi], request[lo:hi], pos[lo:hi], count, first, fpos, last, prev[lo:hi])
             for got, exp in zip((prev, count, first, fpos, last), want):
                 assert_array_equal(got, exp)
+
+
+def test_block_sum_is_one_order_whatever_the_pieces(monkeypatch):
+    """np.sum of all values up to SUM_BLOCK of them; beyond, np.sum of the runs' np.sums, for any cutting."""
+    import kvtrace.analyses.stats as stats_mod
+
+    rng = np.random.default_rng(3)
+    cases = []
+    for n in (0, 1, 7, 128, 129, 1_000, 4_097):
+        x = rng.random(n) * 10.0 ** rng.integers(-3, 4, n)
+        cuts = np.unique(np.r_[0, rng.integers(0, n + 1, 6), n])
+        cases.append((x, [x[lo:hi] for lo, hi in zip(cuts[:-1], cuts[1:])]))
+    for x, pieces in cases:
+        assert stats_mod.block_sum(iter(pieces)) == float(np.sum(x)) == stats_mod.block_sum([x]), x.size
+    monkeypatch.setattr(stats_mod, "SUM_BLOCK", 100)
+    for x, pieces in cases:
+        want = float(np.sum(np.array([np.sum(x[lo:lo + 100]) for lo in range(0, x.size, 100)])))
+        assert stats_mod.block_sum(iter(pieces)) == want == stats_mod.block_sum([x]), x.size
 
 
 @pytest.mark.parametrize("p", [*PERCENTILES, 0, 0.1, 12.5, 33.3, 50.5, 66.7, 99.99, 100])
@@ -243,20 +273,20 @@ def test_order_statistics_out_of_core(tmp_path, kind, limit):
     path = tmp_path / "v"
     x.tofile(path)
     ranks = [0, 1, 17, n // 2, n // 2 + 1, n - 2, n - 1]
-    got = order_statistics(path, n, ranks, chunk=333, limit=limit)
+    got = order_statistics(file_reader(path, n, 333), n, ranks, chunk=333, limit=limit)
     assert got == {k: float(v) for k, v in zip(ranks, np.sort(x)[ranks])}
     for p in PERCENTILES:
-        value = order_statistics(path, n, percentile_ranks(n, [p]), chunk=333, limit=limit)
+        value = order_statistics(file_reader(path, n, 333), n, percentile_ranks(n, [p]), chunk=333, limit=limit)
         assert linear_percentile(n, p, value) == float(np.percentile(x, p))
 
 
 def test_order_statistics_of_nan_and_bad_ranks(tmp_path):
     path = tmp_path / "v"
     np.array([1.0, np.nan, 2.0]).tofile(path)
-    assert all(np.isnan(v) for v in order_statistics(path, 3, [0, 2], chunk=2).values())
+    assert all(np.isnan(v) for v in order_statistics(file_reader(path, 3, 2), 3, [0, 2], chunk=2).values())
     assert np.isnan(np.percentile([1.0, np.nan, 2.0], 50))
     with pytest.raises(ValueError, match="ranks"):
-        order_statistics(path, 3, [3], chunk=2)
+        order_statistics(file_reader(path, 3, 2), 3, [3], chunk=2)
 
 
 # ---------------------------------------------------------------------- CLI

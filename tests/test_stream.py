@@ -64,6 +64,10 @@ def assert_same_curve(a, b):
     da, db = getattr(a, "display", None), getattr(b, "display", None)
     if da is not None:
         assert_frame_equal(da, db, check_exact=True)
+    if a.group_summary is None:
+        assert b.group_summary is None
+    else:  # evaluated at the knee itself, streamed or not
+        assert_frame_equal(a.group_summary, b.group_summary, check_exact=True)
 
 
 def test_file_has_many_row_groups(mixed, loaded):
@@ -75,25 +79,29 @@ def test_scan_gives_the_in_memory_access_table(mixed, loaded):
     with open_stream(mixed) as st:
         a = loaded.accesses
         assert_array_equal(st.accesses.req_start, a.req_start)
-        chunks = list(st.access_chunks())
+        chunks = list(st.chunks())
         assert len(chunks) > 1 and [c.lo for c in chunks] == [int(a.req_start[c.r]) for c in chunks]
         assert all(c.r_end == d.r for c, d in zip(chunks, chunks[1:])) and chunks[-1].r_end == loaded.n_requests
         assert_array_equal(np.concatenate([c.block for c in chunks]), a.block)
         assert_array_equal(np.concatenate([c.tokens for c in chunks]), a.tokens)
         assert_array_equal(np.concatenate([c.pos for c in chunks]), a.pos)
-        only = list(st.access_chunks(layout=False))
+        only = list(st.chunks(layout=False))
         assert_array_equal(np.concatenate([c.block for c in only]), a.block)
         assert all(c.tokens is None and c.pos is None for c in only)
-        back = list(st.access_chunks(reverse=True, layout=False))
+        back = list(st.chunks(reverse=True, layout=False))
         assert [c.lo for c in back] == [c.lo for c in chunks][::-1]
         assert_array_equal(np.concatenate([c.block for c in back[::-1]]), a.block)
-        # per-access spill files alongside, and a short one is an error naming it
-        np.arange(loaded.n_accesses, dtype=np.int64).tofile(st.spill / "x")
-        got = np.concatenate([c.extra[0] for c in st.access_chunks(blocks=False, extra=[(st.spill / "x", np.int64)])])
+        # per-access columns (spill files) alongside, and a short one is an error naming it
+        col = st.column("x", np.int64)
+        assert col.path.parent == st.spill
+        for c in back:  # written in any order
+            col.write(c.lo, np.arange(c.lo, c.hi, dtype=np.int64))
+        got = np.concatenate([c.extra[0] for c in st.chunks(blocks=False, columns=[col])])
         assert_array_equal(got, np.arange(loaded.n_accesses))
-        np.arange(loaded.n_accesses - 1, dtype=np.int64).tofile(st.spill / "x")
-        with pytest.raises(KvtraceError, match="cut short"):
-            list(st.access_chunks(extra=[(st.spill / "x", np.int64)]))
+        np.arange(loaded.n_accesses - 1, dtype=np.int64).tofile(col.path)
+        with pytest.raises(KvtraceError, match="cut short") as exc:
+            list(st.chunks(columns=[col]))
+        assert exc.value.path == str(col.path)
         every = np.arange(loaded.n_accesses)  # derived on indexing, at any accesses
         assert_array_equal(st.accesses.tokens[every[::-1]], a.tokens[::-1])
         assert_array_equal(st.accesses.pos[every[::-1]], a.pos[::-1])
@@ -181,7 +189,7 @@ def test_generic_parquet_streams_like_memory(tmp_path, share):
     mem = load_trace(path, block_tokens=16, share_tenants=share)
     assert mem.requests["timestamp"][0] == 0.0  # shifted to the first arrival
     with open_stream(path, block_tokens=16, share_tenants=share, columns=("tenant",)) as st:
-        assert_array_equal(np.concatenate([c.block for c in st.access_chunks(layout=False)]), mem.accesses.block)
+        assert_array_equal(np.concatenate([c.block for c in st.chunks(layout=False)]), mem.accesses.block)
         assert_array_equal(st.request_timestamp, mem.request_timestamp)
         for ev in EVICTIONS:
             assert_same_curve(compute_curve(mem, eviction=ev, by="tenant"),

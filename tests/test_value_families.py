@@ -23,7 +23,7 @@ from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
 import kvtrace.ingest.stream as stream_mod
-import kvtrace.analyses.value_stream as value_stream_mod
+import kvtrace.analyses.value as value_mod
 from kvtrace.trace import source as source_mod
 from kvtrace.cli import app
 from kvtrace.analyses.curves import SHARED_FIRST_BLOCK_SHARE
@@ -138,7 +138,7 @@ def test_cli_names_the_skipped_root(conversations):
 
 @pytest.mark.parametrize("chunk", [2, 5, 1000])
 def test_streamed_families_equal_in_memory(conversations, monkeypatch, chunk):
-    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", chunk * value_stream_mod.CHUNK_SHARE)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", chunk * value_mod.CHUNK_SHARE)
     expected = value_report(load_trace(conversations, block_tokens=16))
     with open_stream(conversations, block_tokens=16) as st:
         got = value_report(st)

@@ -1,4 +1,4 @@
-"""Streamed future-reuse value (kvtrace.analyses.value_stream) equals the in-memory run bit for bit.
+"""Streamed future-reuse value (kvtrace.analyses.value on a streamed trace) equals the in-memory run bit for bit.
 
 Traces are Parquet tables in many row groups, and the streamed passes run on chunks
 of a few dozen to a few hundred accesses, so reuse windows span many chunks (the
@@ -24,19 +24,18 @@ from numpy.testing import assert_array_equal
 from polars.testing import assert_frame_equal
 from typer.testing import CliRunner
 
-import kvtrace.analyses.value_stream as value_stream_mod
+import kvtrace.analyses.value as value_mod
 import kvtrace.ingest.stream as stream_mod
 from kvtrace.trace import source as source_mod
 from kvtrace.ingest import synth
 from kvtrace.cli import app
 from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
-from kvtrace.kernels.sums import PairwiseSum, add_at
 from kvtrace.model import GpuSpec, ModelSpec
 from kvtrace.outputs import write_table, write_table_chunks
 from kvtrace.ingest.stream import open_stream
 from kvtrace.analyses.value import DEFAULT_COSTS, StorageCosts, future_reuse, value_report
-from kvtrace.analyses.value_stream import StreamedFutureReuse, streamed_values
+from kvtrace.analyses.value import StreamedFutureReuse, streamed_values
 
 INF = math.inf
 FIELDS = ("block", "timestamp", "next_t", "next_gap_s", "reuses", "last_reuse_t", "hold_s", "reuse_tokens", "bytes",
@@ -50,7 +49,7 @@ TOY_GPU = GpuSpec(name="toy", peak_flops=1.0, dollars_per_hour=3600.0, mfu=1.0)
 
 def set_chunk(monkeypatch, accesses: int) -> None:
     """Streamed value passes on chunks of about ``accesses`` accesses."""
-    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", accesses * value_stream_mod.CHUNK_SHARE)
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", accesses * value_mod.CHUNK_SHARE)
 
 
 @pytest.fixture(autouse=True)
@@ -125,27 +124,13 @@ def check_trace(mem, st, horizon, costs, model=None, gpu=None):
 # ------------------------------------------------------------------ ordered sums
 
 
-@pytest.mark.parametrize("n", [0, 1, 7, 8, 9, 127, 128, 129, 136, 255, 1000, 8193, 40_001])
-def test_pairwise_sum_equals_numpy_sum(n):
-    rng = np.random.default_rng(n)
-    x = rng.standard_normal(n) * 10.0 ** rng.integers(-9, 9, n)
-    for piece in (1, 3, 64, 129, 5000, n + 1):
-        if piece == 1 and n > 2000:
-            continue
-        s = PairwiseSum(n)
-        for i in range(0, n, piece):
-            s.add(x[i:i + piece])
-        assert s.value == float(x.sum()), piece
-    with pytest.raises(ValueError):
-        PairwiseSum(n).add(np.zeros(n + 1))
-
-
 def test_add_at_continues_bincount_across_chunks():
+    """The per-block sums of the value report: np.add.at chunk by chunk is np.bincount's order."""
     rng = np.random.default_rng(3)
     idx, w = rng.integers(0, 7, 5000), rng.standard_normal(5000) * 1e6
     out = np.zeros(7)
     for i in range(0, 5000, 333):
-        add_at(out, idx[i:i + 333], w[i:i + 333])
+        np.add.at(out, idx[i:i + 333], w[i:i + 333])
     assert_array_equal(out, np.bincount(idx, weights=w, minlength=7))
 
 
@@ -155,7 +140,7 @@ def test_add_at_continues_bincount_across_chunks():
 def test_chunks_are_many(mixed, loaded):
     assert pq.ParquetFile(mixed).metadata.num_row_groups >= 4
     with open_stream(mixed) as st:
-        chunks = list(st._chunks(value_stream_mod._chunk_accesses()))
+        chunks = list(st.chunks(size=value_mod.chunk_accesses(), blocks=False, layout=False))
     assert len(chunks) > 50 and chunks[-1][3] == loaded.n_accesses
 
 
@@ -331,11 +316,10 @@ NOJIT_SCRIPT = r"""
 import json, sys
 import numpy as np
 import kvtrace.trace.source as source_mod
-import kvtrace.analyses.value_stream as value_stream_mod
-source_mod.CHUNK_ACCESSES = 10 * value_stream_mod.CHUNK_SHARE
+import kvtrace.analyses.value as value_mod
+source_mod.CHUNK_ACCESSES = 10 * value_mod.CHUNK_SHARE
 from kvtrace.ingest.stream import open_stream
-from kvtrace.analyses.value import value_report
-from kvtrace.analyses.value_stream import streamed_values
+from kvtrace.analyses.value import streamed_values, value_report
 with open_stream(sys.argv[1], block_tokens=16) as st:
     r = value_report(st, horizon_s=3.0)
     v = np.fromfile(streamed_values(st, horizon_s=3.0), dtype=np.float64)

@@ -24,7 +24,7 @@ from kvtrace.cli import app
 from kvtrace.ingest import load_trace
 from kvtrace.kernels import tiers as K
 from kvtrace.ingest.stream import open_stream
-from kvtrace.analyses.whatif import TierConfig, _first_blocks, _streamed_oracle_flags, _run_kernel, route, simulate, sweep
+from kvtrace.analyses.whatif import TierConfig, oracle_flags, route, simulate, sweep
 
 KEEP = ("request_id", "session_id", "type", "tenant", "turn")
 
@@ -70,7 +70,10 @@ def test_many_chunks(loaded):
 
 
 def test_first_blocks_and_routing_match(loaded, streamed):
-    assert_array_equal(_first_blocks(streamed), _first_blocks(loaded))
+    rs = loaded.req_start
+    want = np.where(rs[1:] > rs[:-1], loaded.accesses.block[np.minimum(rs[:-1], loaded.n_accesses - 1)], -1)
+    assert_array_equal(loaded.first_blocks(), want)
+    assert_array_equal(streamed.first_blocks(), want)
     for routing in ("session", "prefix", "round-robin"):
         assert_array_equal(route(streamed, 3, routing), route(loaded, 3, routing))
 
@@ -112,19 +115,39 @@ def test_value_policy_reads_values_from_a_spill_file(loaded, streamed):
         simulate(streamed, cfg, values=values[:-1].tofile(path) or path, model="Llama-3.1-8B")
 
 
-def test_oracle_flags_from_the_backward_chunk_pass(loaded, streamed, tmp_path):
+@pytest.mark.parametrize("policy", ["all", "tinylfu", "group:type>=0.5", "reuse-oracle", "value>=0"])
+def test_in_memory_chunks_equal_one_chunk(loaded, monkeypatch, policy):
+    """A trace in memory replayed in many chunks gives what one chunk over all of it gives."""
+    values = np.random.default_rng(5).normal(0.0, 1e-6, loaded.n_accesses)
     dram, flash = _caps(loaded)
-    cfg = TierConfig(dram, flash_bytes=flash)
+    cfg = TierConfig(dram // 2, flash_bytes=flash, local_ssd_bytes=dram // 4, nodes=2, policy=policy)
+    got = simulate(loaded, cfg, values=values, warmup="0.1", model="Llama-3.1-8B")
+    monkeypatch.setattr(source_mod, "CHUNK_ACCESSES", loaded.n_accesses + 1)
+    assert_same_result(got, simulate(loaded, cfg, values=values, warmup="0.1", model="Llama-3.1-8B"))
+
+
+def test_oracle_flags_from_the_backward_chunk_pass(loaded, streamed):
+    dram, flash = _caps(loaded)
     caps = (dram // 131_072, 0, flash // 131_072)  # tokens
     node = np.zeros(loaded.n_requests, dtype=np.int64)
-    run = _run_kernel(loaded, cfg, caps, True, 0, node, cfg.parsed_policy, None, keep_decisions=True)
-    decisions, flags = streamed.spill / "dec", streamed.spill / "flags"
-    _run_kernel(streamed, cfg, caps, True, 0, node, cfg.parsed_policy, None, decisions_out=decisions)
-    assert_array_equal(np.fromfile(decisions, dtype=np.int8) & 3, run.decision)
-    _streamed_oracle_flags(streamed, decisions, flags)
-    want = K.reuse_oracle_flags(loaded.accesses.block, loaded.n_blocks, run.decision)
-    assert_array_equal(np.fromfile(flags, dtype=np.int8), want)
+    a = loaded.accesses
+    opts = dict(block_tokens=loaded.meta.block_tokens, prefix_aware=True, dram=caps[0], local=0, flash=caps[2],
+                n_nodes=1)
+    run = K.simulate_tiers(a.block, loaded.block_size, a.req_start, a.tokens, a.pos, loaded.request_timestamp, node,
+                           **opts)
+    sim = K.TierSimulator(streamed.block_size, streamed.request_timestamp, node, chunk_columns=True, **opts)
+    decisions = streamed.column("dec", np.int8)
+    for ch in streamed.chunks():
+        decisions.write(ch.lo, sim.feed(ch.block, ch.tokens, ch.pos, ch.lrs))
+    decisions.close()
+    assert_array_equal(np.fromfile(decisions.path, dtype=np.int8) & 3, run.decision)
+    flags = oracle_flags(streamed, decisions)
+    want = K.reuse_oracle_flags(a.block, loaded.n_blocks, run.decision)
+    assert_array_equal(np.fromfile(flags.path, dtype=np.int8), want)
     assert want.any() and not want.all()
+    in_memory = loaded.column("dec", np.int8)
+    in_memory.write(0, run.decision)
+    assert_array_equal(oracle_flags(loaded, in_memory).array, want)
 
 
 def test_streamed_sweep_in_two_processes_equals_serial(loaded, streamed):
@@ -136,8 +159,8 @@ def test_streamed_sweep_in_two_processes_equals_serial(loaded, streamed):
 
 def test_cli_whatif_stream_equals_no_stream(mixed):
     runner = CliRunner()
-    args = ["whatif", str(mixed), "--dram", "2GiB", "--flash", "16GiB", "--policy", "all,second-hit,reuse-oracle,value>=0",
-            "--nodes", "2", "--model", "Llama-3.1-8B", "--json", "-"]
+    args = ["whatif", str(mixed), "--dram", "2GiB", "--flash", "16GiB",
+            "--policy", "all,second-hit,reuse-oracle,value>=0", "--nodes", "2", "--model", "Llama-3.1-8B", "--json", "-"]
     streamed = runner.invoke(app, args + ["--stream"])
     assert streamed.exit_code == 0, streamed.output
     in_memory = runner.invoke(app, args + ["--no-stream"])

@@ -39,8 +39,8 @@ def stop_numpy_huge_pages() -> None:
     for its own process). The kernels' random-access tables ask for huge pages
     themselves (:mod:`kvtrace.kernels.memory`); the per-access arrays, read once in
     order, gain nothing from them and pay for them: faulting in gigabytes of huge pages
-    (with the usual ``madvise`` defrag, which compacts memory to find them) cost a
-    30M-access ``kvtrace curve`` about 2 s of system time. numpy reads
+    (with the usual ``madvise`` defrag, which compacts memory to find them) costs
+    system time in proportion to the accesses. numpy reads
     ``NUMPY_MADVISE_HUGEPAGE`` at import, too early for a console script to set; this
     is the switch that variable sets."""
     import numpy as np

@@ -68,3 +68,35 @@ def _printable(text: str) -> str:
 
 class UsageError(KvtraceError):
     """An invalid option value (CLI exit code 2)."""
+
+
+def require_extra(module: str, extra: str, *, package: str, what: str, load: bool = True):
+    """Import ``module`` of an optional dependency (installed by ``kvtrace[extra]``), or
+    raise :class:`UsageError` (one line, exit 2) saying how to install it.
+
+    Parameters
+    ----------
+    module : str
+        The module to import, e.g. ``"vl_convert"``.
+    extra : str
+        The extra that installs it, e.g. ``"png"``.
+    package : str
+        The distribution it comes in, for the message, e.g. ``"vl-convert-python"``.
+    what : str
+        What needs it, for the message, e.g. ``"writing a chart file"``.
+    load : bool
+        False: only check that it can be imported (for a module another process imports);
+        returns None then.
+    """
+    import importlib
+    import importlib.util
+
+    try:
+        if not load:
+            if importlib.util.find_spec(module) is None:
+                raise ImportError(module)
+            return None
+        return importlib.import_module(module)
+    except ImportError:
+        raise UsageError(f"{what} needs {package}, an optional dependency that is not installed: "
+                         f"pip install 'kvtrace[{extra}]'") from None

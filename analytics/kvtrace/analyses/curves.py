@@ -1,8 +1,12 @@
 """Capacity-hit curves weighted by what a hit is worth (DESIGN §3).
 
 One pass of the stack-distance kernel gives every access's distance; hits at any
-capacity follow exactly (``dist <= C``). :func:`compute_curve` turns the distances into
-the result tables below.
+capacity follow exactly (``dist <= C``). The pass is a fold over the chunks of any
+trace source, binning the distances on the evaluation grid as it goes
+(:mod:`kvtrace.analyses.curve_pass`; sampled: :mod:`kvtrace.analyses.sampled`;
+partitioned: :mod:`kvtrace.analyses.distributed`); :func:`compute_curve` plans it
+(:func:`plan_curve`) and turns what it hands over into the result tables below
+(:func:`curve_from_pass`).
 
 Curve table (one row per capacity; rates are shares of the measured accesses, i.e.
 after warm-up, and are cumulative in capacity):
@@ -40,10 +44,10 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from kvtrace.analyses.distances import Distances, _distances_of, normalise_eviction
-from kvtrace.errors import KvtraceError, UsageError
-from kvtrace.kernels.hitcurve import binned_hits, keys_in_ranges, max_finite
+from kvtrace.analyses.curve_pass import CurvePass, exact_pass, half_prefix_keys  # noqa: F401 (re-exported)
+from kvtrace.analyses.distances import Distances, normalise_eviction
 from kvtrace.analyses.sampled import SUBSAMPLES, sampled_pass, subsample_error
+from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.kernels.stackdist import COLD
 from kvtrace.model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import Trace
@@ -190,76 +194,6 @@ def _natural_key(x: str):
     return (0, int(head), x) if head.isdigit() else (1, 0, x)
 
 
-_NO_SCALE = np.empty(0, dtype=np.float64)  # binning weights: all 1 (sampled passes bin themselves)
-
-
-@dataclass
-class _Stream:
-    """Arrays the curve needs: the whole trace's, or (chunked passes) request offsets
-    only, or (sampled passes) the sampled requests' trace indices."""
-
-    block: np.ndarray
-    size: np.ndarray
-    req_start: np.ndarray  # offsets of the stream's requests (exact: all R, possibly empty)
-    tokens: np.ndarray
-    pos: np.ndarray
-    request: np.ndarray  # the stream's request index of each access
-    req_ids: np.ndarray | None = None  # trace request of each stream request (None: the identity)
-
-    def first_request(self, first_req: int) -> int:
-        """The stream's first request at or after trace request ``first_req``."""
-        return first_req if self.req_ids is None else int(np.searchsorted(self.req_ids, first_req))
-
-    def request_groups(self, req_group: np.ndarray | None) -> np.ndarray | None:
-        """Per-request group labels for the stream's requests."""
-        if req_group is None or self.req_ids is None:
-            return req_group
-        return req_group[self.req_ids]
-
-
-def _full_stream(trace: Trace) -> _Stream:
-    a = trace.accesses
-    return _Stream(a.block, trace.block_size, a.req_start, a.tokens, a.pos, a.request)
-
-
-def _request_keys(d: Distances, s: _Stream, first_req: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Usable-prefix key of each measured request's first block, which requests count
-    (every measured request: an empty one never hits), and each request's half-prefix
-    key (:func:`half_prefix_keys`)."""
-    rs = s.req_start
-    nonempty = rs[1:] > rs[:-1]
-    members = np.arange(rs.shape[0] - 1) >= first_req
-    keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
-    keys[nonempty] = d.usable[rs[:-1][nonempty]]
-    return keys, members, half_prefix_keys(d.usable, s.tokens, rs)
-
-
-def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarray) -> np.ndarray:
-    """int64[R]: the smallest capacity (tokens) at which each request's usable prefix
-    holds at least half its prompt tokens; COLD for an empty request or one that never
-    gets there.
-
-    ``usable`` is non-decreasing along a request (a running max), so at capacity C the
-    usable prefix is the blocks with ``usable <= C`` and reaches half the tokens iff the
-    block at which the request's cumulative tokens first reach ``ceil(total / 2)`` is in
-    it: the key is that block's usable distance (one ``searchsorted`` over the cumulative
-    tokens; every block has >= 1 token, so the sums are strictly increasing).
-    """
-    rs = np.asarray(req_start, dtype=np.int64)
-    keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
-    if usable.shape[0] == 0:
-        return keys
-    cum = np.cumsum(tokens, dtype=np.int64)
-    start, end = rs[:-1], rs[1:]
-    nonempty = end > start
-    st, en = start[nonempty], end[nonempty]
-    base = np.where(st > 0, cum[np.maximum(st - 1, 0)], 0)
-    total = cum[en - 1] - base
-    at = np.searchsorted(cum, base + (total + 1) // 2, side="left")
-    keys[nonempty] = usable[at]
-    return keys
-
-
 def _request_hist(keys, members, weights, req_group, n_groups, grid) -> np.ndarray:
     """Requests per bin, float64[n_groups, G + 2] (bin G: above the grid, G + 1: cold)."""
     G = grid.shape[0]
@@ -311,19 +245,14 @@ class _Evaluation:
     request_weights: np.ndarray | None
 
 
-def _evaluate(d, s, first_req, B, req_group, n_groups, grid, a, b, passed=None) -> _Evaluation:
-    first = int(s.req_start[first_req])
+def _evaluate(passed: CurvePass, n_groups: int, grid: np.ndarray, a, b, hist: np.ndarray | None = None) -> _Evaluation:
+    """Rates on ``grid`` from a pass's histogram (``hist``: another histogram of the
+    same pass, e.g. :attr:`CurvePass.at_capacity`'s) and its request keys."""
     kgrid = grid
     G = kgrid.shape[0]
-    if passed is not None:  # binned chunk by chunk already (kvtrace.ingest.stream, kvtrace.analyses.distributed)
-        h, (rkeys, rmembers, *half) = passed.hist, passed.request_keys
-        hkeys = half[0] if half else None  # sampled and partitioned passes have no half-prefix keys
-    else:
-        group_acc = req_group[s.request].astype(np.int32) if req_group is not None else np.empty(0, np.int32)
-        h = binned_hits(d.dist, d.usable, first, s.tokens, s.pos, s.block, s.size, B, group_acc, n_groups, kgrid,
-                        _NO_SCALE)
-        rkeys, rmembers, hkeys = _request_keys(d, s, first_req)
-    rweights = None if passed is None else passed.request_weights  # sampled: its first evaluated access's
+    h = passed.hist if hist is None else hist
+    rkeys, rmembers, hkeys = passed.request_keys, passed.request_members, passed.half_keys
+    rweights, req_group = passed.request_weights, passed.request_group  # sampled: its first evaluated access's
     rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
     hh = None if hkeys is None else _request_hist(hkeys, rmembers, rweights, req_group, n_groups, kgrid)
     any_h, pre_h = h[0], h[1]
@@ -372,9 +301,14 @@ def compute_curve(
 ) -> CurveResult:
     """Capacity-hit curves of ``trace`` under an exact byte-LRU.
 
+    One pass over the trace's chunks, whatever the source (in memory or streamed):
+    :func:`kvtrace.analyses.curve_pass.exact_pass`, or with ``sample_rate`` below 1
+    :func:`kvtrace.analyses.sampled.sampled_pass`.
+
     Parameters
     ----------
-    trace : Trace
+    trace : TraceSource
+        A :class:`kvtrace.trace.Trace` or a :class:`kvtrace.ingest.stream.StreamedTrace`.
     model : ModelSpec or str, optional
         Sets bytes per token and prefill FLOPs (default Llama-3.1-70B).
     gpu : GpuSpec or str, optional
@@ -396,15 +330,60 @@ def compute_curve(
         SHARDS spatial sampling rate in (0, 1); the result is approximate and carries
         an error estimate from hash-disjoint sub-samples.
     distances : Distances, optional
-        Reuse already computed exact distances (same eviction model).
+        Reuse already computed exact distances of an in-memory trace (same eviction
+        model; :func:`kvtrace.analyses.distances.reuse_distances`).
     progress : callable, optional
         ``progress(done, total)`` while the kernel runs.
     """
+    plan = plan_curve(trace, model=model, gpu=gpu, eviction=eviction, capacities=capacities,
+                      display_capacities=display_capacities, points=points, warmup=warmup, by=by,
+                      sample_rate=sample_rate)
+    if plan.rate < 1.0:
+        passed = sampled_pass(trace, plan.eviction, plan.rate, plan.grid, plan.first_req, plan.req_group,
+                              len(plan.names), plan.block_tokens, progress=progress)
+    else:
+        if distances is not None and distances.eviction != plan.eviction:
+            raise ValueError("distances were computed with another eviction model")
+        passed = exact_pass(trace, plan.eviction, plan.grid, plan.first_req, plan.req_group, len(plan.names),
+                            distances=distances, progress=progress)
+    try:
+        return curve_from_pass(trace, plan, passed)
+    finally:
+        passed.close()
+
+
+@dataclass
+class CurvePlan:
+    """What :func:`compute_curve` fixes before its pass: the model, the measured
+    requests, the evaluation grid (tokens) and the groups (:func:`plan_curve`)."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    eviction: str
+    block_tokens: int
+    total_tokens: int  # distinct tokens of the trace
+    warmup: tuple[str, float] | None
+    first_req: int
+    rate: float
+    base_grid: np.ndarray
+    user_tokens: np.ndarray | None
+    disp_tokens: np.ndarray | None
+    capacities: list[int] | None
+    display_capacities: list[int] | None
+    grid: np.ndarray  # the evaluation grid: every capacity asked for and the knee grid
+    by: str | None
+    req_group: np.ndarray | None
+    names: list[str]
+
+
+def plan_curve(trace, *, model=None, gpu=None, eviction: str = "prefix-aware", capacities=None,
+               display_capacities=None, points: int = 200, warmup=None, by=None, sample_rate=None) -> CurvePlan:
+    """The plan of a curve (options as :func:`compute_curve`'s), from what any source
+    holds in memory: metadata, block sizes and the request table."""
     model = model if isinstance(model, ModelSpec) else resolve_model(model)
     gpu = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
     ev = normalise_eviction(eviction)
     bpt = int(model.kv_bytes_per_token)
-    a_coef, b_coef = model.flops_coefficients()
     B = int(trace.meta.block_tokens)
     total_tokens = int(trace.block_size.sum())
     wu = parse_warmup(warmup)
@@ -433,29 +412,19 @@ def compute_curve(
     names = ["all"]
     if by is not None:
         req_group, names = group_labels(trace, by)
+    return CurvePlan(model, gpu, ev, B, total_tokens, wu, first_req, rate, base_grid, user_tokens, disp_tokens,
+                     capacities, display_capacities, grid, by, req_group, names)
 
-    passed = None
-    if rate < 1.0:
-        # one chunked pass, binned as it goes (kvtrace.analyses.sampled), in memory or streamed
-        passed = sampled_pass(trace, ev, rate, grid, first_req, req_group, len(names), B, progress=progress)
-        stream, d = passed.stream, passed.distances
-    elif hasattr(trace, "binned_pass"):
-        # a trace too large to hold (kvtrace.ingest.stream, kvtrace.analyses.distributed): its accesses are
-        # binned on the grid chunk by chunk; per-access arrays never exist whole
-        passed = trace.binned_pass(ev, grid, first_req, req_group, len(names), B, progress=progress)
-        stream, d = passed.stream, passed.distances
-    else:
-        stream = _full_stream(trace)
-        if distances is not None:
-            if distances.eviction != ev:
-                raise ValueError("distances were computed with another eviction model")
-            d = distances
-        else:
-            d = _distances_of(stream.block, stream.size, stream.req_start, ev, progress=progress)
 
-    # the stream's own request numbering (a sampled stream holds only some requests)
-    s_first, s_group = stream.first_request(first_req), stream.request_groups(req_group)
-    ev_all = _evaluate(d, stream, s_first, B, s_group, len(names), grid, a_coef, b_coef, passed)
+def curve_from_pass(trace, plan: CurvePlan, passed: CurvePass) -> CurveResult:
+    """The result tables of a finished pass (:func:`compute_curve`; a partitioned run
+    merges its partitions' passes first, :mod:`kvtrace.analyses.distributed`)."""
+    model, gpu, ev, B, grid, names, by = plan.model, plan.gpu, plan.eviction, plan.block_tokens, plan.grid, \
+        plan.names, plan.by
+    first_req, rate, wu = plan.first_req, plan.rate, plan.warmup
+    bpt = int(model.kv_bytes_per_token)
+    a_coef, b_coef = model.flops_coefficients()
+    ev_all = _evaluate(passed, len(names), grid, a_coef, b_coef)
     seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
     hours = seconds / 3600.0
     nan = np.full(grid.shape, np.nan)
@@ -477,8 +446,9 @@ def compute_curve(
             df = df.with_columns(pl.Series("capacity_bytes", np.asarray(wanted_bytes, dtype=np.int64)))
         return df
 
-    main_tokens = base_grid if user_tokens is None else user_tokens
-    main_bytes = None if user_tokens is None else capacities
+    disp_tokens, display_capacities = plan.disp_tokens, plan.display_capacities
+    main_tokens = plan.base_grid if plan.user_tokens is None else plan.user_tokens
+    main_bytes = None if plan.user_tokens is None else plan.capacities
     overall = table(len(names) if by is not None else 0)
     curve = select(overall, main_tokens, main_bytes)
     display = select(overall, disp_tokens, display_capacities) if disp_tokens is not None else None
@@ -494,10 +464,10 @@ def compute_curve(
         "warmup": None if wu is None else {"kind": wu[0], "value": wu[1]},
         "first_measured_request": first_req,
         "measured_requests": trace.n_requests - first_req,
-        "measured_accesses": int(trace.n_accesses - trace.accesses.req_start[first_req]),
+        "measured_accesses": int(trace.n_accesses - trace.req_start[first_req]),
         "measured_duration_s": seconds,
         "distinct_blocks": trace.n_blocks,
-        "distinct_bytes": total_tokens * bpt,
+        "distinct_bytes": plan.total_tokens * bpt,
         "sample_rate": rate,
         "approximate": rate < 1.0,
     }
@@ -526,16 +496,12 @@ def compute_curve(
 
     ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
     # the capacity at which every metric reaches its ceiling: the largest finite key
-    measured = int(stream.req_start[s_first])
-    top = (passed.top if passed is not None
-           else max(0, int(max_finite(d.dist, measured)), int(max_finite(d.usable, measured))))
-    ceiling["capacity_bytes"] = top * bpt
-    knees = _knees(d, stream, s_first, B, grid, a_coef, b_coef, ev_all, bpt, passed)
+    ceiling["capacity_bytes"] = passed.top * bpt
+    knees = _knees(passed, grid, a_coef, b_coef, ev_all, bpt)
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
     result.display = display
     if by is not None:
-        result.group_summary = _group_summary(d, stream, s_first, B, s_group, names, grid, a_coef, b_coef, ev_all,
-                                              knees, bpt, passed)
+        result.group_summary = _group_summary(passed, names, grid, a_coef, b_coef, ev_all, knees, bpt)
     return result
 
 
@@ -552,17 +518,14 @@ def shared_first_block(trace, first_req: int = 0) -> dict | None:
     capacity that holds one block, and tells a planner nothing; the usable-prefix token
     rate is the figure to read.
     """
-    from kvtrace.analyses.whatif import _first_blocks
-
-    first = _first_blocks(trace)[first_req:]
+    first = trace.first_blocks()[first_req:]
     first = first[first >= 0]
     if first.size == 0:
         return None
     block, share = dominant_block(first)
     if share < SHARED_FIRST_BLOCK_SHARE:
         return None
-    block_hash = trace.block_hash[block] if getattr(trace, "block_hash", None) is not None else None
-    return {"hash": None if block_hash is None else int(block_hash), "share": share}
+    return {"hash": int(trace.block_hash[block]), "share": share}
 
 
 def dominant_block(blocks: np.ndarray) -> tuple[int, float]:
@@ -579,13 +542,13 @@ def dominant_block(blocks: np.ndarray) -> tuple[int, float]:
 GROUP_SUMMARY_FRACTION = 0.8
 
 
-def _group_summary(d, stream, s_first, B, s_group, names, grid, a, b, ev_all, knees, bpt, passed) -> pl.DataFrame:
+def _group_summary(passed: CurvePass, names, grid, a, b, ev_all, knees, bpt) -> pl.DataFrame:
     """Per group: the rates at the capacity where the whole trace reaches
     :data:`GROUP_SUMMARY_FRACTION` of its usable-prefix token ceiling (the knee, found
     exactly), and each group's own ceiling (infinite cache).
 
-    With exact distances in memory the rates are evaluated at the knee capacity itself
-    (a one-point binning pass); a streamed, partitioned or sampled run has only its
+    An exact pass evaluates the rates at the knee capacity itself (one more pass over
+    its usable distances, :attr:`CurvePass.at_capacity`); a sampled pass has only its
     grid, so its rates are those of the largest grid capacity not above the knee, and
     ``capacity_bytes`` says which (``at_knee`` false).
     """
@@ -594,8 +557,8 @@ def _group_summary(d, stream, s_first, B, s_group, names, grid, a, b, ev_all, kn
     n = len(names)
     if knee is None:
         at, exact, rates = None, False, {k: np.full(n, np.nan) for k in RATE_COLUMNS}
-    elif passed is None:
-        one = _evaluate(d, stream, s_first, B, s_group, n, np.array([int(knee)], dtype=np.int64), a, b)
+    elif passed.at_capacity is not None:
+        one = _evaluate(passed, n, np.array([int(knee)], dtype=np.int64), a, b, hist=passed.at_capacity(int(knee)))
         at, exact, rates = int(knee), True, {k: one.rates[k][:n, 0] for k in RATE_COLUMNS}
     else:
         gi = max(int(np.searchsorted(grid, int(knee), side="right")) - 1, 0)
@@ -614,9 +577,8 @@ def _nan_none(x):
     return None if math.isnan(x) else x
 
 
-def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None) -> pl.DataFrame:
+def _knees(passed: CurvePass, grid, a, b, ev_all: _Evaluation, bpt) -> pl.DataFrame:
     """Exact smallest capacity reaching each fraction of the ceiling, per knee metric."""
-    first = int(s.req_start[first_req])
     kgrid = grid
     G = kgrid.shape[0]
     hist = ev_all.prefix_hist  # [G + 2, 4]
@@ -638,8 +600,7 @@ def _knees(d, s, first_req, B, grid, a, b, ev_all: _Evaluation, bpt, passed=None
     bins_sorted = np.array(sorted(wanted), dtype=np.int64)
     lo_keys = np.array([kgrid[j - 1] if j > 0 else -1 for j in bins_sorted], dtype=np.int64)
     hi_keys = np.array([kgrid[j] if j < G else COLD - 1 for j in bins_sorted], dtype=np.int64)
-    ks, rng, tok, q = (passed.keys_in_ranges(lo_keys, hi_keys) if passed is not None else
-                       keys_in_ranges(d.usable, first, s.tokens, s.pos, B, lo_keys, hi_keys, _NO_SCALE))
+    ks, rng, tok, q = passed.keys_in_ranges(lo_keys, hi_keys)
     bins = bins_sorted[rng] if rng.size else rng
     order = np.lexsort((ks, bins))
     ks, bins, tok, q = ks[order], bins[order], tok[order], q[order]

@@ -19,10 +19,10 @@ import polars as pl
 
 from kvtrace.errors import UsageError
 from kvtrace.kernels.stackdist import COLD, StackState, stack_distances_chunk
-from kvtrace.trace import Trace, request_chunks
+from kvtrace.trace import Trace
 
 EVICTIONS = ("prefix-aware", "flat")
-_CHUNK_ACCESSES = 1 << 20
+_EMPTY = np.empty(0, dtype=np.int64)  # a kernel output not asked for
 
 
 def normalise_eviction(eviction: str) -> str:
@@ -70,6 +70,52 @@ class Distances:
         return out
 
 
+class StackFold:
+    """The stack-distance kernel as a fold over the chunks of a source
+    (:meth:`kvtrace.trace.source.TraceSource.chunks`, with the request layout).
+
+    Carried state: the kernel's :class:`kvtrace.kernels.stackdist.StackState`
+    (O(distinct blocks)), so the distances of a chunk are those of the whole trace,
+    whatever the chunking. :meth:`step` writes into the arrays given, or into buffers
+    of its own reused from chunk to chunk (valid until the next step).
+
+    Parameters
+    ----------
+    block_size : int64[M]
+        Tokens each block occupies (ones for distances in blocks).
+    eviction : str
+        ``prefix-aware`` or ``flat`` (normalised).
+    track_requests : bool
+        Keep each block's last request, for the previous-touch request output.
+    """
+
+    def __init__(self, block_size: np.ndarray, eviction: str, *, track_requests: bool = False) -> None:
+        self.size = np.ascontiguousarray(block_size, dtype=np.int64)
+        self.prefix_aware = eviction == "prefix-aware"
+        self.state = StackState(self.size.shape[0])
+        if not track_requests:  # no previous-request output: 8 bytes per block saved
+            self.state.last_request = _EMPTY
+        self._dist = np.empty(0, dtype=np.int64)
+        self._usable = np.empty(0, dtype=np.int64)
+
+    def step(self, ch, *, dist: np.ndarray | None = None, usable: np.ndarray | None = None,
+             prev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """``(dist, usable)`` of the chunk's accesses (tokens; COLD for a first access).
+        An empty ``usable`` or ``prev`` array skips that output."""
+        n = ch.hi - ch.lo
+        if dist is None:
+            if self._dist.shape[0] < n:
+                self._dist = np.empty(n, dtype=np.int64)
+            dist = self._dist[:n]
+        if usable is None:
+            if self._usable.shape[0] < n:
+                self._usable = np.empty(n, dtype=np.int64)
+            usable = self._usable[:n]
+        stack_distances_chunk(ch.block, self.size, ch.lrs, ch.r, self.prefix_aware, *self.state.arrays(), dist,
+                              _EMPTY if prev is None else prev, usable)
+        return dist, usable
+
+
 def reuse_distances(
     trace: Trace,
     eviction: str = "prefix-aware",
@@ -77,7 +123,8 @@ def reuse_distances(
     details: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> Distances:
-    """Exact byte-LRU reuse distances of every access of ``trace``.
+    """Exact byte-LRU reuse distances of every access of ``trace``, as full arrays
+    (an in-memory trace: one fold over its chunks, :class:`StackFold`).
 
     Parameters
     ----------
@@ -95,35 +142,22 @@ def reuse_distances(
     Distances
     """
     ev = normalise_eviction(eviction)
-    a = trace.accesses
-    return _distances_of(a.block, trace.block_size, a.req_start, ev, details=details, progress=progress)
-
-
-def _distances_of(block, size, req_start, ev, *, details=False, progress=None) -> Distances:
-    size = np.ascontiguousarray(size, dtype=np.int64)
-    req_start = np.ascontiguousarray(req_start, dtype=np.int64)
-    n = block.shape[0]
-    passes = [(size, True)]
-    if details:  # the depth in blocks is the same distance with unit sizes
-        passes.append((np.ones_like(size), False))
-    outputs = []
-    for p, (sizes, main) in enumerate(passes):
-        state = StackState(sizes.shape[0])
-        dist = np.empty(n, dtype=np.int64)
-        prev = np.empty(n if (details and main) else 0, dtype=np.int64)
-        usable = np.empty(n if main else 0, dtype=np.int64)
-        for r, r_end, lo, hi in request_chunks(req_start, _CHUNK_ACCESSES):
-            stack_distances_chunk(
-                block[lo:hi], sizes, req_start[r:r_end + 1] - lo, r, ev == "prefix-aware",
-                *state.arrays(), dist[lo:hi], prev[lo:hi] if prev.shape[0] else prev,
-                usable[lo:hi] if usable.shape[0] else usable,
-            )
-            if progress is not None:
-                progress(p * n + hi, n * len(passes))
-        outputs.append((dist, prev, usable))
-    dist, prev, usable = outputs[0]
-    dist_blocks = outputs[1][0] if details else None
-    return Distances(ev, dist, usable, dist_blocks, prev if details else None)
+    n = trace.n_accesses
+    dist = np.empty(n, dtype=np.int64)
+    usable = np.empty(n, dtype=np.int64)
+    prev = np.empty(n if details else 0, dtype=np.int64)
+    dist_blocks = np.empty(n if details else 0, dtype=np.int64)
+    tokens = StackFold(trace.block_size, ev, track_requests=details)
+    # the depth in blocks is the same distance with unit sizes
+    blocks = StackFold(np.ones_like(tokens.size), ev) if details else None
+    for ch in trace.chunks():
+        lo, hi = ch.lo, ch.hi
+        tokens.step(ch, dist=dist[lo:hi], usable=usable[lo:hi], prev=prev[lo:hi] if details else None)
+        if blocks is not None:
+            blocks.step(ch, dist=dist_blocks[lo:hi], usable=_EMPTY)
+        if progress is not None:
+            progress(hi, n)
+    return Distances(ev, dist, usable, dist_blocks if details else None, prev if details else None)
 
 
 def distances_table(trace: Trace, d: Distances, kv_bytes_per_token: int) -> pl.DataFrame:

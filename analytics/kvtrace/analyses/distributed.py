@@ -17,14 +17,18 @@ trace of its own:
    validate the row group (:mod:`kvtrace.ingest.chunks`), split its accesses by
    partition;
 2. **reduce** (one task per partition): concatenate the partition's pieces in trace
-   order, give its blocks dense ids, run the exact stack-distance kernel on its stream
-   and scale: ``d_hat = size[b] + P x (d_p - size[b])``, where ``d_p`` is the exact
-   distance inside the partition. Each other distinct block in the reuse window is in
-   the partition with probability 1/P, so ``d_hat`` is unbiased; its variance is
-   ``(P - 1) x sum of the squared sizes of those blocks <= (P - 1) x B x d`` (B the
-   largest block, tokens);
-3. **merge** on the client: the partitions' capacity histograms are added (every
-   access is counted once, with weight 1) and the curve is evaluated as in memory.
+   order into an in-memory :class:`kvtrace.trace.Trace` of its own (its blocks with
+   dense ids of their own, the accesses grouped into the requests they belong to);
+3. **curve** (one task per partition, on the worker holding it): the same exact curve
+   fold as any trace's (:func:`kvtrace.analyses.curve_pass.exact_pass`), each distance
+   scaled to an estimate: ``d_hat = size[b] + P x (d_p - size[b])``, where ``d_p`` is
+   the exact distance inside the partition. Each other distinct block in the reuse
+   window is in the partition with probability 1/P, so ``d_hat`` is unbiased; its
+   variance is ``(P - 1) x sum of the squared sizes of those blocks <= (P - 1) x B x d``
+   (B the largest block, tokens);
+4. **merge** on the client: the partitions' capacity histograms are added (every
+   access is counted once, with weight 1) and the curve is evaluated as in memory
+   (:func:`kvtrace.analyses.curves.curve_from_pass`).
 
 What is exact: accesses, tokens, bytes, cold misses, the ceiling (infinite capacity),
 distinct blocks and bytes. What is estimated: which capacity each reuse needs.
@@ -58,15 +62,14 @@ from typing import Callable, Iterator
 import numpy as np
 import polars as pl
 
-from kvtrace.analyses.curves import HEADLINE, CurveResult, compute_curve
-from kvtrace.analyses.distances import Distances, normalise_eviction
+from kvtrace.analyses.curve_pass import CurvePass, exact_pass
+from kvtrace.analyses.curves import HEADLINE, CurveResult, curve_from_pass, plan_curve
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
 from kvtrace.kernels.densify import densify
-from kvtrace.kernels.hitcurve import binned_hits, keys_in_ranges, max_finite
-from kvtrace.kernels.partition import partition_estimates, partition_of
-from kvtrace.kernels.stackdist import COLD, StackState, stack_distances_chunk, usable_distances
-from kvtrace.trace import TraceMeta
+from kvtrace.kernels.partition import partition_of
+from kvtrace.kernels.stackdist import COLD
+from kvtrace.trace import Accesses, Trace, TraceMeta, index_dtype
 
 #: Width of the reported error band, in standard deviations of a distance estimate.
 BOUND_SIGMAS = 3.0
@@ -195,22 +198,11 @@ def _map_task(src: _Source, groups: list[int], names: list[str] | None, n_parts:
     return tuple(out)
 
 
-@dataclass
-class _PartitionRun:
-    """One partition's stream and distance estimates (kept on its worker)."""
-
-    request: np.ndarray  # int64, global request of each access
-    pos: np.ndarray
-    tokens: np.ndarray
-    block: np.ndarray  # partition-local dense id
-    size: np.ndarray
-    est: np.ndarray  # distance estimate, tokens (COLD: cold)
-    usable: np.ndarray  # running max of est along the request, inside the partition
-    n_blocks: int
-    total_tokens: int
-
-
-def _reduce_task(pieces: list, n_parts: int, prefix_aware: bool) -> _PartitionRun:
+def _reduce_task(pieces: list, meta: TraceMeta) -> Trace:
+    """One partition as an in-memory :class:`kvtrace.trace.Trace` of its own: the
+    accesses of its blocks in trace order, grouped into the requests they belong to,
+    with dense ids of its own. ``requests`` holds the trace's index of each of its
+    requests (``request``); ``pos`` and ``tokens`` are the accesses' own in the trace."""
     req = np.concatenate([x[0] for x in pieces]) if pieces else np.empty(0, np.int64)
     pos = np.concatenate([x[1] for x in pieces]) if pieces else np.empty(0, np.int32)
     tok = np.concatenate([x[2] for x in pieces]) if pieces else np.empty(0, np.int32)
@@ -218,69 +210,56 @@ def _reduce_task(pieces: list, n_parts: int, prefix_aware: bool) -> _PartitionRu
     ns = np.concatenate([x[4] for x in pieces]) if pieces else np.empty(0, np.int32)
     del pieces
     block, state = densify(hsh, ns, tok)
-    size = np.ascontiguousarray(state.arrays()[2], dtype=np.int64).copy()
+    block_hash, block_ns, size = (a.copy() for a in state.arrays())
     del state, hsh, ns
     n = req.shape[0]
     new = np.ones(n, dtype=bool)
     if n:
         np.not_equal(req[1:], req[:-1], out=new[1:])
-    lrs = np.append(np.flatnonzero(new), n).astype(np.int64)
-    dist = np.empty(n, dtype=np.int64)
-    st = StackState(size.shape[0])
-    st.last_request = np.empty(0, dtype=np.int64)
-    if n:
-        stack_distances_chunk(block, size, lrs, 0, prefix_aware, *st.arrays(), dist, np.empty(0, np.int64),
-                              np.empty(0, np.int64))
-    del st
-    est = partition_estimates(dist, size, block, n_parts)
-    del dist
-    usable = usable_distances(est, lrs)
-    return _PartitionRun(req, pos, tok, block, size, est, usable, int(size.shape[0]), int(size.sum()))
+    heads = np.flatnonzero(new)
+    req_start = np.append(heads, n).astype(np.int64)
+    local = np.repeat(np.arange(heads.shape[0], dtype=index_dtype(heads.shape[0])), np.diff(req_start))
+    accesses = Accesses(local, pos, block.astype(np.int64, copy=False), tok, req_start)
+    return Trace(pl.DataFrame({"request": req[heads]}), accesses, block_hash, block_ns,
+                 np.ascontiguousarray(size, dtype=np.int64), meta)
 
 
-def _totals_task(run: _PartitionRun) -> tuple[int, int, int]:
-    return run.n_blocks, run.total_tokens, int(run.request.shape[0])
+def _totals_task(part: Trace) -> tuple[int, int, int]:
+    return part.n_blocks, int(part.block_size.sum()), part.n_accesses
 
 
-def _bin_task(run: _PartitionRun, grid: np.ndarray, first_req: int, block_tokens: int):
-    first = int(np.searchsorted(run.request, first_req))
-    hist = binned_hits(run.est, run.usable, first, run.tokens, run.pos, run.block, run.size, block_tokens,
-                       np.empty(0, np.int32), 1, grid, np.empty(0, np.float64))
-    heads = np.flatnonzero(run.pos == 0)
-    top = max(0, int(max_finite(run.est, first)), int(max_finite(run.usable, first)))
-    return hist, run.request[heads], run.usable[heads], top
+def _curve_task(part: Trace, eviction: str, grid: np.ndarray, first_req: int, n_parts: int) -> CurvePass:
+    """The exact curve fold on one partition, its distances scaled to estimates
+    (:func:`kvtrace.analyses.curve_pass.exact_pass`); stays on its worker."""
+    first = int(np.searchsorted(part.requests["request"].to_numpy(), first_req))
+    return exact_pass(part, eviction, grid, first, None, 1, partitions=n_parts)
 
 
-def _ranges_task(run: _PartitionRun, first_req: int, block_tokens: int, lo_keys, hi_keys):
-    first = int(np.searchsorted(run.request, first_req))
-    return keys_in_ranges(run.usable, first, run.tokens, run.pos, block_tokens, lo_keys, hi_keys,
-                          np.empty(0, np.float64))
+def _heads_task(part: Trace, passed: CurvePass):
+    """What the merge needs of a partition's pass: its histogram, the trace requests
+    whose first block is in the partition with their keys, and its top distance."""
+    heads = part.accesses.pos[part.req_start[:-1]] == 0
+    return passed.hist, part.requests["request"].to_numpy()[heads], passed.request_keys[heads], passed.top
+
+
+def _ranges_task(passed: CurvePass, lo_keys, hi_keys):
+    return passed.keys_in_ranges(lo_keys, hi_keys)
 
 
 # --------------------------------------------------------------------------- the trace
-class _Offsets:
-    def __init__(self, req_start: np.ndarray) -> None:
-        self.req_start = req_start
-
-    def __len__(self) -> int:
-        return int(self.req_start[-1])
-
-
 class PartitionedTrace:
-    """A trace mapped into P partitions on a cluster, for
-    :func:`kvtrace.analyses.curves.compute_curve` (see the module docstring).
+    """A trace mapped into P partitions on a cluster (see the module docstring).
 
-    It holds what the curve reads that is O(requests) (timestamps, offsets); the
-    partitions' per-access arrays stay on the workers. ``block_size`` holds the
-    distinct tokens of each partition (their sum is the trace's; per-block sizes stay
-    on the workers).
+    It holds what a curve plans from that is O(requests) (timestamps, offsets); each
+    partition is an in-memory :class:`kvtrace.trace.Trace` held by a worker.
+    ``block_size`` holds the distinct tokens of each partition (their sum is the
+    trace's; per-block sizes stay on the workers).
     """
 
-    def __init__(self, client, src: _Source, n_parts: int, eviction: str,
+    def __init__(self, client, src: _Source, n_parts: int,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.client = client
         self.n_parts = int(n_parts)
-        self.eviction = normalise_eviction(eviction)
         p = src.open()
         self.meta: TraceMeta = p.meta
         groups = [g for g in range(p.n_row_groups) if p.row_offsets[g + 1] > p.row_offsets[g]]
@@ -319,24 +298,21 @@ class PartitionedTrace:
         lengths = np.concatenate([h[2] for h in heads]) if heads else np.empty(0, np.int64)
         p.check_whole(np.concatenate([h[4] for h in heads]) if heads else np.empty(0, np.int64), ts)
         self.requests = pl.DataFrame({"timestamp": ts})
-        req_start = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
-        np.cumsum(lengths, out=req_start[1:])
-        self.accesses = _Offsets(req_start)
+        self.req_start = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+        np.cumsum(lengths, out=self.req_start[1:])
         self.warnings = p.warnings(ChunkInfo(rows=int(lengths.shape[0]), length_mismatches=mismatches))
-        prefix_aware = self.eviction == "prefix-aware"
-        self.runs = []
+        self.parts = []
         for q in range(self.n_parts):
             pieces = [submit(operator.getitem, m, q + 1) for m in maps]
-            self.runs.append(submit(_reduce_task, pieces, self.n_parts, prefix_aware, pure=False))
+            self.parts.append(submit(_reduce_task, pieces, self.meta, pure=False))
         del pieces  # the map outputs are released as soon as the reduces have read them
-        totals = client.gather([submit(_totals_task, r) for r in self.runs])
+        totals = client.gather([submit(_totals_task, r) for r in self.parts])
         del maps
         tick(self.n_parts)
         self.partition_blocks = np.array([t[0] for t in totals], dtype=np.int64)
         self.block_size = np.array([t[1] for t in totals], dtype=np.int64)
         self.partition_accesses = np.array([t[2] for t in totals], dtype=np.int64)
         self._tick = tick
-        self.last_pass: tuple | None = None
 
     @property
     def n_requests(self) -> int:
@@ -344,7 +320,7 @@ class PartitionedTrace:
 
     @property
     def n_accesses(self) -> int:
-        return int(self.accesses.req_start[-1])
+        return int(self.req_start[-1])
 
     @property
     def n_blocks(self) -> int:
@@ -354,43 +330,35 @@ class PartitionedTrace:
     def request_timestamp(self) -> np.ndarray:
         return self.requests["timestamp"].to_numpy()
 
-    def binned_pass(self, ev: str, grid: np.ndarray, first_req: int, req_group, n_groups: int, block_tokens: int,
-                    progress=None):
-        """Histograms of every partition on ``grid``, added in partition order."""
-        from kvtrace.analyses.curves import _Stream
-        from kvtrace.ingest.stream import BinnedPass
-
-        if normalise_eviction(ev) != self.eviction:
-            raise ValueError("the partitions were computed with another eviction model")
-        if req_group is not None:
-            raise UsageError("--by is not available with --engine dask", field="by")
+    def curve_pass(self, eviction: str, grid: np.ndarray, first_req: int) -> CurvePass:
+        """The curve fold on every partition (on its worker), merged: histograms added
+        in partition order (every access counted once, weight 1), each request's key
+        from the partition holding its first block, the largest top distance; the knee
+        search asks every partition for its keys in the ranges."""
         client = self.client
-        parts = client.gather([client.submit(_bin_task, r, grid, first_req, block_tokens) for r in self.runs])
+        passes = [client.submit(_curve_task, part, eviction, grid, first_req, self.n_parts, pure=False)
+                  for part in self.parts]
+        merged = client.gather([client.submit(_heads_task, part, p) for part, p in zip(self.parts, passes)])
         self._tick(self.n_parts)
-        hist = parts[0][0].copy()
-        for h in parts[1:]:
+        hist = merged[0][0].copy()
+        for h in merged[1:]:
             hist += h[0]
         n_req = self.n_requests
         keys = np.full(n_req, COLD, dtype=np.int64)
-        for _, heads, k, _ in parts:
+        for _, heads, k, _ in merged:
             keys[heads] = k
         members = np.arange(n_req) >= first_req
-        top = max([h[3] for h in parts] + [0])
-        self.last_pass = (grid, hist)
-        empty = np.empty(0, dtype=np.int64)
-        stream = _Stream(empty, self.block_size, self.accesses.req_start, np.empty(0, np.int32),
-                         np.empty(0, np.int32), empty)
+        top = max([h[3] for h in merged] + [0])
 
         def in_ranges(lo_keys, hi_keys):
-            res = client.gather([client.submit(_ranges_task, r, first_req, block_tokens, lo_keys, hi_keys)
-                                 for r in self.runs])
+            res = client.gather([client.submit(_ranges_task, p, lo_keys, hi_keys) for p in passes])
             return tuple(np.concatenate([x[i] for x in res]) for i in range(4))
 
-        return BinnedPass(stream, Distances(self.eviction, empty, empty), hist, (keys, members), top, in_ranges)
+        return CurvePass(hist, keys, members, top, in_ranges)
 
     def close(self) -> None:
         """Release the partitions held by the workers."""
-        self.runs = []
+        self.parts = []
 
 
 def error_band(grid: np.ndarray, hist: np.ndarray, capacities_tokens: np.ndarray, n_parts: int,
@@ -450,7 +418,7 @@ def partitioned_curve(path, *, client, partitions: int | None = None, fmt: str =
     from kvtrace.ingest.stream import is_parquet
 
     for bad in ("by", "sample_rate", "distances"):
-        if curve_options.get(bad) is not None:
+        if curve_options.pop(bad, None) is not None:
             raise UsageError(f"--{bad.replace('_', '-')} is not available with --engine dask", field=bad)
     if not is_parquet(path, fmt):
         raise UsageError("--engine dask reads Parquet request tables: convert the trace once with kvtrace ingest",
@@ -459,13 +427,15 @@ def partitioned_curve(path, *, client, partitions: int | None = None, fmt: str =
     if P < 1:
         raise UsageError(f"expected at least one partition, got {P}", field="partitions")
     src = _Source(str(path), block_tokens, share_tenants)
-    trace = PartitionedTrace(client, src, P, eviction, progress=progress)
+    trace = PartitionedTrace(client, src, P, progress=progress)
     disp = curve_options.get("display_capacities")
     if callable(disp):  # capacities that depend on the trace's distinct tokens, known only now
         curve_options["display_capacities"] = disp(int(trace.meta.block_tokens), int(trace.block_size.sum()))
     try:
-        result = compute_curve(trace, eviction=eviction, **curve_options)
-        grid, hist = trace.last_pass
+        plan = plan_curve(trace, eviction=eviction, **curve_options)
+        passed = trace.curve_pass(plan.eviction, plan.grid, plan.first_req)
+        result = curve_from_pass(trace, plan, passed)
+        grid, hist = plan.grid, passed.hist
     finally:
         trace.close()
     B = int(trace.meta.block_tokens)
@@ -517,11 +487,11 @@ def sweep(trace, configs: list, *, client, model=None, gpu=None, response=None, 
     so the table is identical to :func:`kvtrace.analyses.whatif.sweep`'s.
     """
     from kvtrace.model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
-    from kvtrace.analyses.whatif import _values_array, summary_table
+    from kvtrace.analyses.whatif import summary_table, values_array
 
     kwargs = {"model": model if isinstance(model, ModelSpec) else resolve_model(model),
               "gpu": gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu), "response": response,
-              "eviction": eviction, "values": None if values is None else _values_array(values, trace.n_accesses),
+              "eviction": eviction, "values": None if values is None else values_array(values, trace.n_accesses),
               "warmup": warmup}
     shared = client.scatter(trace, broadcast=True)
     futures = [client.submit(_simulate_task, shared, c, kwargs, pure=False) for c in configs]
@@ -533,9 +503,9 @@ def sweep(trace, configs: list, *, client, model=None, gpu=None, response=None, 
     return summary_table(rows)
 
 
-#: Bytes per access a worker holds (measured with tracemalloc on a 13.6M-access partition
-#: of the 30M-access benchmark trace): map output waiting for its reduce; the reduce
-#: task's peak on top of its input; a finished partition until the curve is done.
+#: Bytes per access a worker holds (tracemalloc on a partition of the benchmark trace):
+#: map output waiting for its reduce; the reduce task's peak on top of its input; a
+#: finished partition until the curve is done.
 MAP_BYTES_PER_ACCESS = 28
 REDUCE_PEAK_BYTES_PER_ACCESS = 81
 HELD_BYTES_PER_ACCESS = 42
@@ -547,8 +517,7 @@ def estimate_cluster(accesses: int, per_worker_accesses_per_s: float, nodes: int
     worker each, from a measured end-to-end per-worker throughput (accesses/s).
 
     Time scales linearly (the work per access is the same in every partition; hash
-    partitions balance blocks, not accesses: on the benchmark trace the larger of 2
-    partitions held 55 % of the accesses, so allow for that). Memory per node, in
+    partitions balance blocks, not accesses, so allow for an uneven split). Memory per node, in
     bytes: its share of the map output, one reduce task's peak on a partition, and the
     finished partitions it holds until the curve is done.
     """

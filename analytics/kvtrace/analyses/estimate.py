@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvtrace.errors import UsageError
-from kvtrace.analyses.response import PERCENTILES, _quantile, branch_latency
+from kvtrace.analyses.response import PERCENTILES, branch_latency, weighted_quantile
 from kvtrace.units import format_bytes, parse_size
 
 __all__ = ["BandwidthEstimate", "CostEstimate", "LatencyEstimate", "MonthlyCost", "bandwidth", "cost_benefit",
@@ -128,7 +128,8 @@ class LatencyEstimate:
 def _tails(times_ms: list[float], shares: list[float]) -> dict:
     t, w = np.asarray(times_ms, dtype=np.float64), np.asarray(shares, dtype=np.float64)
     keep = w > 0
-    return {f"service_time_p{p:g}_ms".replace(".", ""): _quantile(t[keep], w[keep], p / 100) for p in PERCENTILES}
+    return {f"service_time_p{p:g}_ms".replace(".", ""): weighted_quantile(t[keep], w[keep], p / 100)
+            for p in PERCENTILES}
 
 
 def latency(h_dram: float, h_flash: float, dram_ms: float, flash_ms: float, recompute_ms: float,

@@ -22,12 +22,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from kvtrace.errors import UsageError
+from kvtrace.gpu import resolve_gpu
 
 #: Percentiles reported everywhere (per cent).
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
 
 
-def _quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """Smallest value whose cumulative weight share reaches ``q`` (inverted CDF)."""
     order = np.argsort(values, kind="stable")
     v, w = values[order], weights[order]
@@ -100,8 +101,9 @@ def branch_latency(
     shares_tiered = np.array([h_dram, h_flash, miss])
     times_tiered = np.array([D + O, F + O, R + O])
     keep_o, keep_t = shares_only > 0, shares_tiered > 0
-    pct_only = {f"p{p:g}": _quantile(times_only[keep_o], shares_only[keep_o], p / 100) for p in PERCENTILES}
-    pct_tiered = {f"p{p:g}": _quantile(times_tiered[keep_t], shares_tiered[keep_t], p / 100) for p in PERCENTILES}
+    pct_only = {f"p{p:g}": weighted_quantile(times_only[keep_o], shares_only[keep_o], p / 100) for p in PERCENTILES}
+    pct_tiered = {f"p{p:g}": weighted_quantile(times_tiered[keep_t], shares_tiered[keep_t], p / 100)
+                  for p in PERCENTILES}
     ms = 1e3
     explain = [
         f"DRAM only: {h_dram:g} x {D * ms:g} ms + {1 - h_dram:g} x {R * ms:g} ms = {dram_only * ms:.1f} ms",
@@ -132,8 +134,12 @@ class ResponseModel:
     """Byte-dependent branch times for per-request service times.
 
     Defaults are illustrative (a host-DRAM restore over PCIe 5 at ~25 GB/s, a flash
-    restore at ~6 GB/s per GPU, 1 ms per-request overhead for a flash tier, H100 bf16
-    at 50 % MFU for recompute): pass measured values.
+    restore at ~6 GB/s per GPU, 1 ms per-request overhead for a flash tier, the
+    :data:`kvtrace.gpu.DEFAULT_GPU` preset at its default MFU for recompute): pass
+    measured values. ``ResponseModel()`` is the one source of these defaults: the CLI's
+    options, the dashboard's form and :func:`kvtrace.analyses.sizing.default_config` read
+    them from it, in their units through :attr:`dram_gbps`, :attr:`dram_latency_ms`,
+    :attr:`flash_gbps`, :attr:`flash_latency_ms` and :attr:`overhead_ms`.
 
     Parameters
     ----------
@@ -152,7 +158,7 @@ class ResponseModel:
     flash_fixed_s: float = 0.001
     flash_bytes_per_s: float = 6e9
     overhead_s: float = 0.001
-    recompute_flops_per_s: float = 989e12 * 0.5
+    recompute_flops_per_s: float = resolve_gpu().effective_flops
 
     def __post_init__(self) -> None:
         for name in ("dram_bytes_per_s", "flash_bytes_per_s", "recompute_flops_per_s"):
@@ -161,6 +167,31 @@ class ResponseModel:
         for name in ("dram_fixed_s", "flash_fixed_s", "overhead_s"):
             if not getattr(self, name) >= 0:
                 raise UsageError(f"expected a non-negative time, got {getattr(self, name)}", field=name)
+
+    @property
+    def dram_gbps(self) -> float:
+        """DRAM restore bandwidth, GB/s (10**9 bytes/s)."""
+        return self.dram_bytes_per_s / 1e9
+
+    @property
+    def dram_latency_ms(self) -> float:
+        """DRAM restore fixed latency, ms."""
+        return self.dram_fixed_s * 1e3
+
+    @property
+    def flash_gbps(self) -> float:
+        """Flash restore bandwidth, GB/s (10**9 bytes/s)."""
+        return self.flash_bytes_per_s / 1e9
+
+    @property
+    def flash_latency_ms(self) -> float:
+        """Flash restore fixed latency, ms."""
+        return self.flash_fixed_s * 1e3
+
+    @property
+    def overhead_ms(self) -> float:
+        """Per-request overhead of a configuration with a flash tier, ms."""
+        return self.overhead_s * 1e3
 
 
 def request_times(bytes_d, bytes_f, flops_f, flops_miss, model: ResponseModel, has_flash: bool) -> np.ndarray:

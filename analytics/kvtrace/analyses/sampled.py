@@ -22,32 +22,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from kvtrace.trace import source as source_mod
-from kvtrace.analyses.distances import Distances
+from kvtrace.analyses.curve_pass import CurvePass
 from kvtrace.kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
 from kvtrace.kernels.shards import HEAVY_STEP, Sampler, heavy_from_counts, strided_counts_into
 from kvtrace.kernels.stackdist import COLD
-from kvtrace.ingest import stream as stream_mod
-from kvtrace.ingest.stream import AccessChunk, BinnedPass, read_exact
-from kvtrace.trace import request_chunks
+from kvtrace.trace.source import read_exact
 
 #: Hash-disjoint sub-samples behind a sampled curve's error estimate.
 SUBSAMPLES = 8
-
-
-def memory_chunks(trace, blocks_only: bool = False, size: int | None = None) -> Iterator[AccessChunk]:
-    """Chunks of whole requests (about ``size`` accesses) of an in-memory trace (views)."""
-    a = trace.accesses
-    size = source_mod.CHUNK_ACCESSES if size is None else size  # read at each call
-    for r, r_end, lo, hi in request_chunks(a.req_start, size):
-        yield AccessChunk(r, r_end, lo, hi, a.block[lo:hi], None if blocks_only else a.tokens[lo:hi],
-                          None if blocks_only else a.pos[lo:hi])
-
-
-def _chunks_of(trace, blocks_only: bool = False) -> Iterator[AccessChunk]:
-    if hasattr(trace, "access_chunks"):  # kvtrace.ingest.stream.StreamedTrace: block ids as stored
-        return trace.access_chunks(layout=not blocks_only, block_dtype=None)
-    return memory_chunks(trace, blocks_only=blocks_only)
 
 
 class _KneeKeys:
@@ -108,19 +90,21 @@ def _as_key(x: np.ndarray) -> np.ndarray:
 def find_heavy(trace, rate: float) -> np.ndarray:
     """The heavy blocks of ``trace`` at ``rate`` (strided counts, chunk by chunk)."""
     counts = np.zeros(trace.n_blocks, dtype=np.uint32)
-    for ch in _chunks_of(trace, blocks_only=True):
+    for ch in trace.chunks(layout=False, block_dtype=None):
         strided_counts_into(counts, ch.block, (-ch.lo) % HEAVY_STEP, HEAVY_STEP)
     return heavy_from_counts(counts, rate)
 
 
 def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
-                 n_groups: int, block_tokens: int, progress: Callable[[int, int], None] | None = None):
-    """The sampled pass (see the module docstring), as a :class:`kvtrace.ingest.stream.BinnedPass`
-    with the request weights, the sub-sample histograms and the evaluated count."""
-    from kvtrace.analyses.curves import _Stream
+                 n_groups: int, block_tokens: int, progress: Callable[[int, int], None] | None = None) -> CurvePass:
+    """The sampled pass (see the module docstring) over a
+    :class:`kvtrace.trace.source.TraceSource`, as a
+    :class:`kvtrace.analyses.curve_pass.CurvePass` over the sampled requests, with
+    their weights, the sub-sample histograms and the evaluated count.
 
-    a = trace.accesses
-    rs = a.req_start
+    Carried state: the SHARDS kernel's (:class:`kvtrace.kernels.shards.Sampler`), the
+    histograms, the sampled requests' keys and the knee keys (:class:`_KneeKeys`)."""
+    rs = trace.req_start
     n = int(rs[-1]) if rs.shape[0] else 0
     first_acc = int(rs[first_req]) if rs.shape[0] > first_req else n
     heavy = find_heavy(trace, rate)
@@ -128,14 +112,14 @@ def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, 
     G = grid.shape[0]
     hist = np.zeros((2, n_groups, G + 2, 4), dtype=np.float64)
     sub_hist = np.zeros((2, SUBSAMPLES, G + 2, 4), dtype=np.float64)
-    spill = getattr(trace, "spill", None)
+    spill = getattr(trace, "spill", None)  # a source that spills its columns keeps the knee keys there too
     knee = _KneeKeys(Path(spill) / "sampled_keys" if spill is not None else None)
     req_ids, req_keys, req_members, req_weights = [], [], [], []
     top = 0
     n_eval = 0
     no_group = np.empty(0, dtype=np.int32)
     try:
-        for ch in _chunks_of(trace):
+        for ch in trace.chunks(block_dtype=None):  # block ids as the source stores them
             smp = sampler.feed(ch.block, ch.lo, ch.r)
             m = smp.t.shape[0]
             n_eval += m
@@ -170,7 +154,7 @@ def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, 
                 top = max(top, int(max_finite(dk, first)), int(max_finite(uk, first)))
                 knee.add(uk[first:], tokens[first:], pos[first:], smp.weight[first:])
             if progress is not None:
-                progress(ch.lo + ch.block.shape[0], n)
+                progress(ch.hi, n)
     finally:
         knee.close()
 
@@ -178,12 +162,10 @@ def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, 
         return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
 
     ids = cat(req_ids, np.int64)
-    stream = _Stream(np.empty(0, np.int64), trace.block_size, np.zeros(ids.shape[0] + 1, dtype=np.int64),
-                     np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.int64), req_ids=ids)
-    empty = np.empty(0, dtype=np.int64)
-    return BinnedPass(stream, Distances(ev, empty, empty), hist, (cat(req_keys, np.int64), cat(req_members, bool)),
-                      top, lambda lo_keys, hi_keys: knee.in_ranges(lo_keys, hi_keys, block_tokens),
-                      request_weights=cat(req_weights, np.float64), sub_hist=sub_hist, n_evaluated=n_eval)
+    return CurvePass(hist, cat(req_keys, np.int64), cat(req_members, bool), top,
+                     lambda lo_keys, hi_keys: knee.in_ranges(lo_keys, hi_keys, block_tokens),
+                     request_group=None if req_group is None else req_group[ids],
+                     request_weights=cat(req_weights, np.float64), sub_hist=sub_hist, n_evaluated=n_eval)
 
 
 def subsample_error(sub_hist: np.ndarray, grid: np.ndarray) -> np.ndarray:

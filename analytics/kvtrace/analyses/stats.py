@@ -1,59 +1,67 @@
 """Trace statistics (``kvtrace stats``): size, arrivals, lengths, reuse, shared prefixes.
 
-:func:`trace_stats` takes an in-memory :class:`~kvtrace.trace.Trace` or a
-:class:`~kvtrace.ingest.stream.StreamedTrace` (a Parquet trace scanned in chunks,
-``kvtrace stats --stream``) and gives the same figures for both, **bit for bit**
-(``tests/test_stats_stream.py``). A streamed trace is read in chunks of whole requests
-from its spill file, with memory O(distinct blocks + requests + one chunk):
+:func:`trace_stats` is one fold over the chunks of a trace source
+(:mod:`kvtrace.trace.source`): an in-memory :class:`~kvtrace.trace.Trace` and a
+:class:`~kvtrace.ingest.stream.StreamedTrace` (``kvtrace stats --stream``) run the same
+code, so they give the same figures by construction.
 
-1. *visits*: each access's previous request of the same block, with per-block state
-   carried across chunks (:func:`kvtrace.kernels.reuse.visit_blocks`: counts, first
-   and last request, first position); the reuse times go to a spill file (8 bytes per
-   re-reference) and the per-group counts are added up.
-2. *prefixes and groups*: a block is dominated when a child has as many accesses (this
-   needs the final counts), and each group's distinct blocks are one bit per block and
-   group (up to 64 groups per pass; 1-8 bytes per block).
-3. *reuse-time figures* from the spill file: exact order statistics out of core
-   (:mod:`kvtrace.analyses.quantiles`: radix selection, at most five reads) turned into
-   ``np.percentile``'s interpolation, and the mean as numpy's own pairwise sum fed in
-   chunks (:class:`kvtrace.kernels.sums.PairwiseSum`) divided as ``np.mean`` divides,
-   so it is the in-memory mean to the bit.
-4. *top prefixes*: ranked a chunk of blocks at a time (no per-block temporary).
+Passes over ``trace.chunks()``, and the state each carries:
 
-Memory, per distinct block M and request R (bytes): 18 x M for the passes (count,
-first and last request, first position: int32 below 2**31 accesses and requests;
-the dominated flag; 1-8 bytes of group bits) + 4 x R per group column (label codes) +
-one chunk of accesses (``CHUNK_ACCESSES``, about 300 MB with temporaries), on top of
-the streamed trace (20 x M + 20 x R, and the kept request columns: 8 bytes each for
-the token counts and the session, 4 for ``type`` and ``tenant``, kept Categorical).
-The scan itself is the peak: measured on 300M accesses, 51.9M blocks, 19.4M
-requests, 5.14 GB in the scan and 4.39 GB after it (106-117 s end to end).
+1. *visits* (:func:`kvtrace.kernels.reuse.visit_blocks`): per block its access
+   ``count``, first and last request and first position; per group label its accesses
+   and re-references. Each access's reuse time (seconds since the previous access of
+   its block, :data:`_FIRST` at a first access) goes to a per-access column of the
+   source (``trace.column``: an array in memory, a spill file streamed).
+2. *dominated prefixes*: a block is dominated when a child access has as many accesses
+   (this needs the final counts).
+
+   Passes 1 and 2 also mark the distinct blocks of up to 64 group labels each, one bit
+   per label and block (1-8 bytes per block); more labels take more passes.
+3. *prefix chains* (:func:`kvtrace.ingest.rechain.access_chain_report`).
+4. *reuse-time figures*, from the column. The order of every float reduction is fixed
+   by the values, not by the chunking: the mean is :func:`block_sum` of the reuse times
+   in trace order divided by their count; the percentiles are ``np.percentile``'s
+   (method ``linear``) from exact order statistics (:func:`order_statistics`, radix
+   selection reading the column, at most five reads) interpolated by ``np.quantile``
+   (:func:`linear_percentile`).
+5. *top prefixes*: ranked a chunk of blocks at a time (no per-block temporary).
+
+Memory beside the source, per distinct block M and request R (bytes): 18 x M for the
+passes (count, first and last request, first position: int32 below 2**31 accesses and
+requests; the dominated flag; 1-8 bytes of group bits) + 4 x R per group column (label
+codes) + one chunk of accesses (``CHUNK_ACCESSES``) + one run of :func:`block_sum`
+(8 x :data:`SUM_BLOCK`), and the reuse-time column, 8 bytes per access (in memory, or
+on disk streamed). A streamed source itself holds 20 x M + 20 x R and the kept request
+columns (8 bytes each for the token counts and the session, 4 for ``type`` and
+``tenant``, kept Categorical).
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import polars as pl
 
-from kvtrace.trace import source as source_mod
 from kvtrace.ingest.rechain import access_chain_report
-from kvtrace.kernels.reuse import previous_access, visit_blocks
-from kvtrace.kernels.sums import PairwiseSum
+from kvtrace.kernels.reuse import visit_blocks
 from kvtrace.model import ModelSpec, resolve_model
-from kvtrace.analyses.quantiles import linear_percentile, order_statistics, percentile_ranks
-from kvtrace.trace import Trace, index_dtype
+from kvtrace.trace import index_dtype
+from kvtrace.trace import source as source_mod
 
 PERCENTILES = (50, 90, 99, 99.9)
 #: Request columns the figures read besides the timestamp: what a streamed trace must
 #: keep (``open_stream(path, columns=STREAM_COLUMNS)``).
 STREAM_COLUMNS = ("input_tokens", "output_tokens", "session_id", "type", "tenant")
 GROUP_COLUMNS = ("type", "tenant")
+#: Values per run of :func:`block_sum` (a fixed order of additions, whatever the chunks).
+SUM_BLOCK = 1 << 22
 _BITS_PER_PASS = 64
+#: The reuse-time column's value at a first access. Reuse times are >= 0 (trace order is
+#: timestamp order), or NaN from a NaN timestamp, which is kept as ``np.percentile`` keeps it.
+_FIRST = -1.0
 
 
 @dataclass
@@ -115,47 +123,35 @@ def _percentile_row(name: str, x: np.ndarray) -> dict:
     return row
 
 
-def _block_chunks(trace):
-    """(dense block ids, request offsets) of a trace: once in memory, by chunk streamed."""
-    if isinstance(trace, Trace):
-        yield trace.accesses.block, trace.accesses.req_start
-        return
-    for ch in trace.access_chunks():
-        yield ch.block, ch.lrs
-
-
 def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
                 progress: Callable[[int, int], None] | None = None) -> TraceStats:
     """Summary statistics of a trace.
 
     Parameters
     ----------
-    trace : Trace or StreamedTrace
-        A streamed trace must keep :data:`STREAM_COLUMNS`; its figures equal the
-        in-memory ones bit for bit (see the module docstring).
+    trace : TraceSource
+        A :class:`~kvtrace.trace.Trace`, or a streamed trace that keeps
+        :data:`STREAM_COLUMNS` (the same figures, see the module docstring).
     model : ModelSpec or str, optional
         Sets KV bytes per token for the byte figures (default Llama-3.1-70B).
     top : int
         How many shared prefixes to list.
     progress : callable, optional
-        ``progress(done, total)`` in accesses read (a streamed trace only).
+        ``progress(done, total)`` in accesses read by the passes over the blocks (1 and 2 of
+        the module docstring, and one per further 64 group labels).
     """
     model = model if isinstance(model, ModelSpec) else resolve_model(model)
     bpt = int(model.kv_bytes_per_token)
     req = trace.requests
+    missing = [c for c in STREAM_COLUMNS if c not in req.columns]
+    if missing:
+        raise ValueError(f"open the stream with columns=kvtrace.analyses.stats.STREAM_COLUMNS (missing {missing})")
     ts = trace.request_timestamp
     duration = trace.duration
     n_req, n_acc, n_blk = trace.n_requests, trace.n_accesses, trace.n_blocks
     cols = [c for c in GROUP_COLUMNS if c in req.columns and req[c].null_count() < n_req]
-    if isinstance(trace, Trace):
-        fig = _in_memory_figures(trace, cols)
-    else:
-        missing = [c for c in STREAM_COLUMNS if c not in req.columns]
-        if missing:
-            raise ValueError(f"open the stream with columns=kvtrace.analyses.stats.STREAM_COLUMNS (missing {missing})")
-        fig = _streamed_figures(trace, cols, progress)
-
-    chain = access_chain_report(_block_chunks(trace), n_blk)
+    fig = _access_figures(trace, cols, progress)
+    chain = access_chain_report(((ch.block, ch.lrs) for ch in trace.chunks()), n_blk)
     minute = np.floor(ts / 60.0).astype(np.int64) if n_req else np.zeros(0, np.int64)
     per_minute = np.bincount(minute - minute.min()) if n_req else np.zeros(1, np.int64)
     summary = {
@@ -194,55 +190,7 @@ def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
     return TraceStats(summary, lengths, _top_prefixes(trace, fig, bpt, top), groups)
 
 
-def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | None = None) -> bool:
-    """Whether ``kvtrace stats`` streams this trace: :func:`kvtrace.ingest.stream.should_stream`
-    costing the in-memory run with the stats' own peak per block access
-    (:data:`kvtrace.ingest.guard.PROFILES`)."""
-    from kvtrace.ingest.stream import should_stream as stream_should_stream
-
-    return stream_should_stream(path, fmt, stream, workload="stats")
-
-
-# ----------------------------------------------------------------- in memory
-def _in_memory_figures(trace: Trace, cols: list[str]) -> _AccessFigures:
-    a = trace.accesses
-    M = trace.n_blocks
-    prev = previous_access(a.block, M)
-    rereferenced = prev >= 0
-    acc_ts = trace.request_timestamp[a.request]
-    reuse_time = acc_ts[rereferenced] - acc_ts[prev[rereferenced]]
-
-    count = np.bincount(a.block, minlength=M)
-    first_t = np.full(M, -1, dtype=np.int64)
-    first_t[a.block[::-1]] = np.arange(a.block.shape[0] - 1, -1, -1)
-    last_t = np.zeros(M, dtype=np.int64)
-    last_t[a.block] = np.arange(a.block.shape[0])
-    depth = a.pos[first_t].astype(np.int64) + 1 if M else np.zeros(0, np.int64)
-    dominated = np.zeros(M, dtype=bool)
-    child = np.flatnonzero(a.pos > 0)
-    parent = a.block[child - 1]
-    same = count[a.block[child]] == count[parent]
-    dominated[parent[same]] = True
-
-    groups = {}
-    for col in cols:
-        label = trace.requests[col].fill_null("(none)")
-        acc = pl.DataFrame({"g": label.to_numpy()[a.request], "reref": rereferenced, "block": a.block})
-        groups[col] = acc.group_by("g").agg(
-            pl.len().alias("block_accesses"),
-            pl.col("reref").mean().alias("rereference_share"),
-            pl.col("block").n_unique().alias("distinct_blocks"),
-        )
-    return _AccessFigures(
-        accessed_tokens=int(a.tokens.astype(np.int64).sum()),
-        rereferenced=int(np.count_nonzero(rereferenced)),
-        reuse_row=_percentile_row("reuse_time_s", reuse_time),
-        count=count, depth=depth, dominated=dominated,
-        first_request=a.request[first_t], last_request=a.request[last_t], groups=groups,
-    )
-
-
-# ------------------------------------------------------------------ streamed
+# ------------------------------------------------------------ the access passes
 def _label_codes(column: pl.Series) -> tuple[pl.Series, np.ndarray]:
     """(sorted distinct labels, int32 code per request) of a group column: String, or
     Categorical as a streamed trace keeps it (then through a table of the few
@@ -259,83 +207,92 @@ def _label_codes(column: pl.Series) -> tuple[pl.Series, np.ndarray]:
     return names, table[label.to_physical().to_numpy()]
 
 
-def _read_chunks(trace, size: int):
-    """(block ids int64, request int32/int64, pos int32, tokens int32) of chunks of whole
-    requests of a streamed trace, read back from its spill file in trace order."""
-    ridx = index_dtype(trace.n_requests)
-    for ch in trace.access_chunks(size=size):
-        yield ch.block, (ch.local_req + ch.r).astype(ridx), ch.pos, ch.tokens
+class _GroupBits:
+    """The distinct blocks of up to 64 group labels (``batch``: (column, label code)
+    pairs), one bit per label in a per-block word carried across the chunks of a pass."""
+
+    def __init__(self, labels: dict, batch: list, n_blocks: int) -> None:
+        self.batch = batch
+        self.dtype = np.dtype(f"uint{max(8, 1 << math.ceil(math.log2(max(len(batch), 1))))}")
+        self.bit = {c: np.zeros(len(names), dtype=self.dtype) for c, (names, _) in labels.items()}
+        for k, (c, j) in enumerate(batch):
+            self.bit[c][j] = self.dtype.type(1) << self.dtype.type(k)
+        self.seen = np.zeros(n_blocks if batch else 0, dtype=self.dtype)
+
+    def add(self, block: np.ndarray, codes: dict) -> None:
+        """Mark the blocks of one chunk; ``codes``: column -> label code of each access."""
+        if not self.batch:
+            return
+        for c, g in codes.items():
+            v = self.bit[c][g]
+            has = v != 0
+            np.bitwise_or.at(self.seen, block[has], v[has])
+
+    def count_into(self, distinct: dict, size: int) -> None:
+        """Set ``distinct[column][code]`` of the batch's labels (``size`` blocks at a time)."""
+        for k, (c, j) in enumerate(self.batch):
+            b = self.dtype.type(1) << self.dtype.type(k)
+            distinct[c][j] = sum(int(np.count_nonzero(self.seen[s:s + size] & b))
+                                 for s in range(0, self.seen.shape[0], size))
 
 
-def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
-    from kvtrace.ingest import stream
-
+def _access_figures(trace, cols: list[str], progress) -> _AccessFigures:
+    """Passes 1, 2 and 4 of the module docstring."""
     size = int(source_mod.CHUNK_ACCESSES)  # read at call time (tests shrink it)
     M, n = trace.n_blocks, trace.n_accesses
     ridx = index_dtype(trace.n_requests)
+    # carried across the chunks of pass 1: each block's visits
     count = np.zeros(M, dtype=index_dtype(n))
     first_request = np.full(M, -1, dtype=ridx)
     first_pos = np.zeros(M, dtype=np.int32)
     last_request = np.full(M, -1, dtype=ridx)
     ts = trace.request_timestamp
     labels = {c: _label_codes(trace.requests[c]) for c in cols}
-    accesses = {c: np.zeros(len(labels[c][0]), dtype=np.int64) for c in cols}
-    rerefs = {c: np.zeros(len(labels[c][0]), dtype=np.int64) for c in cols}
-    # one bit per (group label, block) per pass over the blocks
+    accesses = {c: np.zeros(len(names), dtype=np.int64) for c, (names, _) in labels.items()}
+    rerefs = {c: np.zeros(len(names), dtype=np.int64) for c, (names, _) in labels.items()}
+    distinct = {c: np.zeros(len(names), dtype=np.int64) for c, (names, _) in labels.items()}
     flat = [(c, j) for c in cols for j in range(len(labels[c][0]))]
-    batches = [flat[i:i + _BITS_PER_PASS] for i in range(0, len(flat), _BITS_PER_PASS)] or [[]]
-    total, done = n * (1 + len(batches)), 0
-
-    # pass 1: visits, reuse times (spilled), per-group counts
-    rereferenced = accessed_tokens = 0
-    reuse_path = trace.spill / "stats-reuse-times"
-    with open(reuse_path, "wb") as out:
-        for block, request, pos, tokens in _read_chunks(trace, size):
-            prev = np.empty(block.shape[0], dtype=ridx)
-            visit_blocks(block, request, pos, count, first_request, first_pos, last_request, prev)
-            re = prev >= 0
-            rereferenced += int(np.count_nonzero(re))
-            accessed_tokens += int(tokens.sum(dtype=np.int64))
-            (ts[request[re]] - ts[prev[re]]).tofile(out)
-            for c, (names, code) in labels.items():
-                g = code[request]
-                accesses[c] += np.bincount(g, minlength=len(names))
-                rerefs[c] += np.bincount(g[re], minlength=len(names))
-            done += block.shape[0]
-            if progress is not None:
-                progress(done, total)
-
-    # passes 2..: dominated prefixes (first pass only) and distinct blocks per group
+    batches = [flat[i:i + _BITS_PER_PASS] for i in range(0, len(flat), _BITS_PER_PASS)]
+    n_passes = max(2, len(batches))
+    total, done = n * n_passes, 0
     dominated = np.zeros(M, dtype=bool)
-    distinct = {c: np.zeros(len(labels[c][0]), dtype=np.int64) for c in cols}
-    for i, batch in enumerate(batches):
-        dtype = np.dtype(f"uint{max(8, 1 << math.ceil(math.log2(max(len(batch), 1))))}")
-        bit = {c: np.zeros(len(labels[c][0]), dtype=dtype) for c in cols}
-        for k, (c, j) in enumerate(batch):
-            bit[c][j] = dtype.type(1) << dtype.type(k)
-        seen = np.zeros(M if batch else 0, dtype=dtype)
-        for block, request, pos, _ in _read_chunks(trace, size):
-            if i == 0:
-                child = np.flatnonzero(pos > 0)  # a chunk holds whole requests: the parent is in it
-                parent = block[child - 1]
-                same = count[block[child]] == count[parent]
-                dominated[parent[same]] = True
-            for c, (_, code) in labels.items():
-                v = bit[c][code[request]]
-                has = v != 0
-                np.bitwise_or.at(seen, block[has], v[has])
-            done += block.shape[0]
-            if progress is not None:
-                progress(done, total)
-        for k, (c, j) in enumerate(batch):
-            b = dtype.type(1) << dtype.type(k)
-            distinct[c][j] = sum(int(np.count_nonzero(seen[s:s + size] & b)) for s in range(0, M, size))
-        del seen
+    rereferenced = accessed_tokens = 0
+    reuse = trace.column("stats-reuse-times", np.float64)
+    try:
+        for i in range(n_passes):
+            bits = _GroupBits(labels, batches[i] if i < len(batches) else [], M)
+            for ch in trace.chunks():
+                request = (ch.local_req + ch.r).astype(ridx, copy=False)
+                codes = {c: code[request] for c, (_, code) in labels.items()} if i == 0 or bits.batch else {}
+                if i == 0:
+                    prev = np.empty(ch.block.shape[0], dtype=ridx)
+                    visit_blocks(ch.block, request, ch.pos, count, first_request, first_pos, last_request, prev)
+                    re = prev >= 0
+                    rereferenced += int(np.count_nonzero(re))
+                    accessed_tokens += int(ch.tokens.sum(dtype=np.int64))
+                    reuse.write(ch.lo, np.where(re, ts[request] - ts[prev], _FIRST))
+                    for c, g in codes.items():
+                        accesses[c] += np.bincount(g, minlength=len(accesses[c]))
+                        rerefs[c] += np.bincount(g[re], minlength=len(rerefs[c]))
+                if i == 1:
+                    child = np.flatnonzero(ch.pos > 0)  # a chunk holds whole requests: the parent is in it
+                    parent = ch.block[child - 1]
+                    dominated[parent[count[ch.block[child]] == count[parent]]] = True
+                bits.add(ch.block, codes)
+                done += ch.hi - ch.lo
+                if progress is not None:
+                    progress(done, total)
+            bits.count_into(distinct, size)
+            del bits
+        reuse.close()
+        reuse_row = _reuse_row(trace, reuse, rereferenced, size)
+    finally:
+        reuse.drop()  # 8 bytes per access: free them now
 
     names_of = {c: names for c, (names, _) in labels.items()}
     del labels  # the per-request codes
     groups = {}
-    idx = pl.select(pl.len()).dtypes[0]  # Polars' count type, as the in-memory group_by gives
+    idx = pl.select(pl.len()).dtypes[0]  # Polars' count type, as a group_by gives
     for c in cols:
         names, has = names_of[c], accesses[c] > 0
         groups[c] = pl.DataFrame({
@@ -344,10 +301,6 @@ def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
             "rereference_share": rerefs[c][has] / accesses[c][has],  # a boolean mean: count / n
             "distinct_blocks": distinct[c][has],
         }).cast({"block_accesses": idx, "distinct_blocks": idx})
-    try:
-        reuse_row = _spilled_percentile_row("reuse_time_s", reuse_path, rereferenced, size)
-    finally:
-        reuse_path.unlink(missing_ok=True)  # 8 bytes per re-reference: free the disk now
     first_pos += 1  # the depth, in place (one per-block array less)
     return _AccessFigures(
         accessed_tokens=accessed_tokens, rereferenced=rereferenced, reuse_row=reuse_row,
@@ -356,28 +309,184 @@ def _streamed_figures(trace, cols: list[str], progress) -> _AccessFigures:
     )
 
 
-def _spilled_percentile_row(name: str, path, n: int, chunk: int) -> dict:
-    """:func:`_percentile_row` of the ``n`` float64 values in a spill file, exactly."""
-    row = {"quantity": name, "count": n, "mean": _spilled_mean(path, n, chunk) if n else None}
-    value = order_statistics(path, n, percentile_ranks(n, PERCENTILES), chunk) if n else {}
+# ---------------------------------------------------------- reuse-time figures
+def _reuse_row(trace, column, n: int, chunk: int) -> dict:
+    """:func:`_percentile_row` of the ``n`` reuse times in ``column`` (first accesses
+    left out), each read back through ``trace.chunks``."""
+
+    def values() -> Iterator[np.ndarray]:
+        for ch in trace.chunks(blocks=False, layout=False, columns=[column]):
+            v = ch.extra[0]
+            yield v[v != _FIRST]
+
+    row = {"quantity": "reuse_time_s", "count": n, "mean": block_sum(values()) / n if n else None}
+    value = order_statistics(values, n, percentile_ranks(n, PERCENTILES), chunk) if n else {}
     for p in PERCENTILES:
         row[f"p{p:g}"] = linear_percentile(n, p, value) if n else None
     return row
 
 
-def _spilled_mean(path, n: int, chunk: int) -> float:
-    """numpy's mean of the ``n`` float64 values in a file, read in chunks: numpy's
-    pairwise sum (:class:`kvtrace.kernels.sums.PairwiseSum`, the same additions in the
-    same order) divided by ``n``, as ``np.mean`` divides. A memory-mapped read would
-    count every page of the file (8 bytes per re-reference) in the resident set."""
-    total = PairwiseSum(n)
-    with open(path, "rb") as fh:
-        for lo in range(0, n, chunk):
-            total.add(np.fromfile(fh, dtype=np.float64, count=min(chunk, n - lo)))
-    return float(np.float64(total.value) / n)
+def block_sum(chunks: Iterable[np.ndarray]) -> float:
+    """The sum of float64 values given in consecutive pieces, in one order whatever the
+    pieces: ``np.sum`` of each run of :data:`SUM_BLOCK` consecutive values (the last run
+    shorter), then ``np.sum`` of the runs' sums. Up to ``SUM_BLOCK`` values it is
+    ``np.sum`` of all of them at once, as ``np.mean`` adds them. Carries one run."""
+    run = np.empty(SUM_BLOCK, dtype=np.float64)
+    sums, held = [], 0
+    for x in chunks:
+        while x.shape[0]:
+            take = min(SUM_BLOCK - held, x.shape[0])
+            run[held:held + take] = x[:take]
+            held, x = held + take, x[take:]
+            if held == SUM_BLOCK:
+                sums.append(np.sum(run))
+                held = 0
+    if held:
+        sums.append(np.sum(run[:held]))
+    return float(np.sum(np.array(sums, dtype=np.float64)))
 
 
-# -------------------------------------------------------------------- shared
+def percentile_ranks(n: int, percentiles: Iterable[float]) -> list[int]:
+    """The 0-based ranks (ascending) whose values :func:`linear_percentile` needs for
+    these percentiles of ``n`` values."""
+    ranks = set()
+    for p in percentiles:
+        vi = (n - 1) * (p / 100)
+        if vi >= n - 1:
+            ranks.add(n - 1)
+        else:
+            k = math.floor(vi)
+            ranks.update((k, k + 1))
+    return sorted(ranks)
+
+
+def linear_percentile(n: int, p: float, value: dict) -> float:
+    """``np.percentile(x, p)`` of ``n`` values from their order statistics ``value``
+    (``rank -> k-th smallest``, the ranks of :func:`percentile_ranks`).
+
+    numpy's method ``linear`` takes the virtual index ``(n - 1) * (p / 100)``: at or past
+    the last index, the largest value; otherwise it interpolates the two values around
+    it by the fractional part ``g``, which is ``np.quantile([a, b], g)`` (virtual index
+    ``1 * g``), numpy's own interpolation.
+    """
+    vi = (n - 1) * (p / 100)
+    if vi >= n - 1:
+        return float(value[n - 1])
+    k = math.floor(vi)
+    return float(np.quantile(np.array([value[k], value[k + 1]], dtype=np.float64), vi - k))
+
+
+_DIGIT_BITS = 16
+_SIGN = np.uint64(1 << 63)
+
+
+def _keys(x: np.ndarray) -> np.ndarray:
+    """uint64 keys in the order of the float64 values (-0.0 folded into +0.0)."""
+    bits = (x + 0.0).view(np.uint64)  # -0.0 + 0.0 is +0.0 (and a copy, changed in place)
+    flip = bits >> np.uint64(63)
+    np.negative(flip, out=flip)  # all ones below a negative value, else none
+    flip |= _SIGN
+    bits ^= flip  # negative: every bit flipped; else the sign bit set
+    return bits
+
+
+def _value(key: int) -> float:
+    k = np.uint64(key)
+    bits = k & ~_SIGN if k & _SIGN else ~k
+    return float(np.array(bits, dtype=np.uint64).view(np.float64))
+
+
+def order_statistics(read: Callable[[], Iterable[np.ndarray]], n: int, ranks: Sequence[int], chunk: int,
+                     limit: int | None = None) -> dict:
+    """The k-th smallest of ``n`` float64 values, for each k in ``ranks``, exactly, with
+    the values read in pieces (out of core).
+
+    Radix selection on the values' order-preserving 64-bit keys: each read counts, for
+    every rank still open, the next 16 bits of the keys that share the rank's prefix
+    (65,536 counters); the bucket that holds the rank becomes the new prefix. Once the
+    values under a prefix number at most ``limit`` they are gathered in one more read
+    and ``np.partition`` picks the rank; when all 64 bits are fixed the value is known.
+    At most five reads; memory O(65,536 x ranks + limit). Values compare as numbers:
+    -0.0 and +0.0 are one key (as ``np.partition`` sees them); a NaN anywhere makes
+    every value NaN (as ``np.percentile``).
+
+    Parameters
+    ----------
+    read : callable
+        ``read()`` yields the ``n`` values in pieces (float64 arrays), the same each time.
+    n : int
+        How many values ``read`` gives.
+    ranks : sequence of int
+        0-based ranks in [0, n).
+    chunk : int
+        About how many values a piece holds (sets the default ``limit``).
+    limit : int, optional
+        Most values gathered in memory for one rank's final selection (default
+        ``chunk // len(ranks)``, so all gathered values together are about one chunk).
+
+    Returns
+    -------
+    dict
+        ``rank -> value`` (float).
+    """
+    ranks = sorted(set(int(k) for k in ranks))
+    if not ranks:
+        return {}
+    if ranks[0] < 0 or ranks[-1] >= n:
+        raise ValueError(f"ranks must be in [0, {n}), got {ranks}")
+    limit = max(1, chunk // len(ranks)) if limit is None else max(1, int(limit))
+    # per rank: [prefix, free bits below it, values with a smaller key, values under the prefix]
+    state = {k: [0, 64, 0, n] for k in ranks}
+    out: dict = {}
+    first = True
+    while len(out) < len(ranks):
+        todo: dict = {}
+        for k, (prefix, free, _, _) in state.items():
+            if k in out:
+                continue
+            if free == 0:  # every bit fixed: the value itself
+                out[k] = _value(prefix)
+            else:
+                todo.setdefault((prefix, free), []).append(k)
+        if not todo:
+            break
+        gather = {g for g, ks in todo.items() if state[ks[0]][3] <= limit}
+        hist = {g: np.zeros(1 << _DIGIT_BITS, dtype=np.int64) for g in todo if g not in gather}
+        parts: dict = {g: [] for g in gather}
+        got = 0
+        for x in read():
+            got += x.shape[0]
+            if first and np.isnan(x).any():
+                return {k: math.nan for k in ranks}
+            key = _keys(x)
+            for g in todo:
+                prefix, free = g
+                sel = key if free == 64 else key[(key >> np.uint64(free)) == np.uint64(prefix)]
+                if g in gather:
+                    parts[g].append(sel)
+                else:
+                    digit = (sel >> np.uint64(free - _DIGIT_BITS)) & np.uint64((1 << _DIGIT_BITS) - 1)
+                    hist[g] += np.bincount(digit.astype(np.intp), minlength=1 << _DIGIT_BITS)
+        if got != n:
+            raise ValueError(f"read {got:,} values, expected {n:,}")
+        first = False
+        for g, ks in todo.items():
+            if g in gather:
+                keys = np.concatenate(parts.pop(g)) if parts[g] else np.empty(0, np.uint64)
+                keys.partition(sorted(k - state[k][2] for k in ks))
+                for k in ks:
+                    out[k] = _value(int(keys[k - state[k][2]]))
+                continue
+            cum = np.cumsum(hist[g])
+            for k in ks:
+                prefix, free, below, _ = state[k]
+                j = int(np.searchsorted(cum, k - below, side="right"))
+                state[k] = [(prefix << _DIGIT_BITS) | j, free - _DIGIT_BITS,
+                            below + (int(cum[j - 1]) if j else 0), int(hist[g][j])]
+    return {k: out[k] for k in ranks}
+
+
+# ---------------------------------------------------------------- presentation
 def _top_prefixes(trace, fig: _AccessFigures, bpt: int, top: int, chunk: int = 1 << 22) -> pl.DataFrame:
     """Shared prefixes ranked by prefix bytes x reuses.
 

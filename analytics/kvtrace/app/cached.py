@@ -1,7 +1,7 @@
 """Streamlit caches around the kvtrace functions the pages call.
 
 Every cache is keyed on the trace key (SHA-256 of the source bytes + load options,
-:attr:`kvtrace.results.appdata.Loaded.key`) and the analysis parameters; the trace and other
+:attr:`kvtrace.app.sources.Loaded.key`) and the analysis parameters; the trace and other
 large inputs are passed as ``_``-prefixed arguments, which Streamlit leaves out of
 the key. Traces and reuse distances are shared objects (``cache_resource``); results
 are copied per session (``cache_data``). The bodies call the same library functions
@@ -18,13 +18,14 @@ import dataclasses
 
 import streamlit as st
 
-from kvtrace.results import appdata
+from kvtrace.app import sources
 from kvtrace.analyses.curves import compute_curve
 from kvtrace.analyses.distances import reuse_distances
 from kvtrace.model import resolve_gpu, resolve_model
 from kvtrace.analyses.response import ResponseModel
 from kvtrace.analyses.stats import trace_stats
 from kvtrace.analyses.whatif import TierConfig, simulate
+from kvtrace.results import chart_data
 
 try:  # Streamlit >= 1.50: the check every st.* call makes, raising StopException / RerunException
     from streamlit.runtime.scriptrunner_utils.script_run_context import get_run_yield_check
@@ -77,24 +78,24 @@ def file_digest(path: str, size: int, mtime_ns: int, max_bytes: int) -> str:
     """SHA-256 of a file (or directory of shards), once per (path, size, mtime); reads
     at most ``max_bytes``."""
     bar, update = _progress_bar(f"Hashing {size:,} bytes")
-    digest = appdata.file_sha256(path, max_bytes=max_bytes, progress=update)
+    digest = sources.file_sha256(path, max_bytes=max_bytes, progress=update)
     bar.empty()
     return digest
 
 
 @st.cache_resource(show_spinner="Reading the trace…", max_entries=3)
-def trace_from_file(key: str, _path: str, _options: appdata.LoadOptions) -> appdata.Loaded:
+def trace_from_file(key: str, _path: str, _options: sources.LoadOptions) -> sources.Loaded:
     """A trace file, read once per content (the same bytes under another name too)."""
     digest = key.split(":")[1]
-    return appdata.load_file(_path, _options, digest=digest)
+    return sources.load_file(_path, _options, digest=digest)
 
 
 @st.cache_resource(show_spinner="Reading the uploaded trace…", max_entries=3)
-def trace_from_upload(key: str, _name: str, _data: bytes, _options: appdata.LoadOptions,
-                      _max_bytes: int | None = None) -> appdata.Loaded:
+def trace_from_upload(key: str, _name: str, _data: bytes, _options: sources.LoadOptions,
+                      _max_bytes: int | None = None) -> sources.Loaded:
     """An uploaded trace, read once per content."""
     digest = key.split(":")[1]
-    return appdata.load_upload(_name, _data, _options, digest=digest, max_bytes=_max_bytes)
+    return sources.load_upload(_name, _data, _options, digest=digest, max_bytes=_max_bytes)
 
 
 # --------------------------------------------------------------------------- overview
@@ -110,9 +111,9 @@ def stats(key: str, model: str, _trace):
 def overview_tables(key: str, _trace) -> dict:
     """Arrivals per minute, input-length and reuse-time histograms."""
     return {
-        "arrivals": appdata.arrivals_per_minute(_trace),
-        "input_lengths": appdata.input_length_histogram(_trace),
-        "reuse_times": appdata.reuse_time_histogram(_trace),
+        "arrivals": chart_data.arrivals_per_minute(_trace),
+        "input_lengths": chart_data.input_length_histogram(_trace),
+        "reuse_times": chart_data.reuse_time_histogram(_trace),
     }
 
 
@@ -191,7 +192,7 @@ def sizing(key: str, config_toml: str, trace_name: str, _trace, _config):
 @st.cache_data(show_spinner="Writing the report…", max_entries=8)
 def sizing_reports(key: str, config_toml: str, _result) -> tuple[str, str]:
     """The sizing report as Markdown and as self-contained HTML."""
-    from kvtrace.analyses.sizing import report_html, report_markdown
+    from kvtrace.results.sizing_report import report_html, report_markdown
 
     return report_markdown(_result), report_html(_result)
 
@@ -202,5 +203,5 @@ def sizing_charts(key: str, config_toml: str, _result) -> list[dict]:
     validated once per result rather than on every rerun."""
     from kvtrace.results import charts
 
-    makers = [getattr(charts, n, None) for n in ("sizing_curve_chart", "cost_slo_chart")]
-    return [make(_result).properties(width="container").to_dict() for make in makers if make is not None]
+    return [make(_result).properties(width="container").to_dict()
+            for make in (charts.sizing_curve_chart, charts.cost_slo_chart)]

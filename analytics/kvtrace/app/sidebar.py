@@ -10,10 +10,10 @@ uploader's change callback only, so a page switch keeps it and removing the file
 drops it.
 
 A server path is read only under the data directory and up to the size limit that
-``kvtrace app`` passed (:func:`kvtrace.results.appdata.server_path`); the sidebar states both.
+``kvtrace app`` passed (:func:`kvtrace.app.sources.server_path`); the sidebar states both.
 A request log (format ``tokens`` or ``openai``) shows the commands' request-log options
 (``kv_log_<option>``); a chat log's tokenizer and template are paths under the same
-data directory (:func:`kvtrace.results.appdata.log_options_from_form`).
+data directory (:func:`kvtrace.app.sources.log_options_from_form`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from kvtrace.results import appdata
 from kvtrace.analyses.distances import normalise_eviction
 from kvtrace.errors import KvtraceError
 from kvtrace.ingest import FORMATS, LOG_FORMATS
@@ -31,7 +30,7 @@ from kvtrace.model import DEFAULT_GPU, DEFAULT_MODEL, GPUS, MODELS, GpuSpec, Mod
 from kvtrace.trace import Trace
 from kvtrace.units import format_bytes
 
-from kvtrace.app import cached
+from kvtrace.app import cached, launcher, sources
 
 SOURCES = ("bundled sample", "upload", "server path")
 EVICTIONS = ("prefix-aware", "flat")
@@ -75,8 +74,8 @@ class Context:
 
 
 def _defaults() -> dict:
-    launch_path, launch_opts = appdata.launch_options()
-    samples = list(appdata.sample_traces())
+    launch_path, launch_opts = launcher.launch_options()
+    samples = list(launcher.sample_traces())
     return {
         "kv_source": "server path" if launch_path else "bundled sample",
         "kv_sample": samples[0] if samples else None,
@@ -84,7 +83,7 @@ def _defaults() -> dict:
         "kv_fmt": launch_opts.fmt,
         "kv_block_tokens": launch_opts.block_tokens or 0,
         "kv_share": launch_opts.share_tenants,
-        **{f"kv_log_{k}": v for k, v in appdata.log_form_values(launch_opts.log).items()},
+        **{f"kv_log_{k}": v for k, v in sources.log_form_values(launch_opts.log).items()},
         "kv_model": DEFAULT_MODEL,
         "kv_gpu": DEFAULT_GPU,
         "kv_eviction": "prefix-aware",
@@ -111,39 +110,39 @@ def _remember_upload() -> None:
         st.session_state.pop("_kv_uploaded", None)
     else:
         data = f.getvalue()
-        st.session_state["_kv_uploaded"] = (f.name, data, appdata.bytes_sha256(data))
+        st.session_state["_kv_uploaded"] = (f.name, data, sources.bytes_sha256(data))
 
 
-def _options() -> appdata.LoadOptions:
+def _options() -> sources.LoadOptions:
     """The reading options chosen; raises KvtraceError for a tokenizer or template the
     page may not read."""
     s = st.session_state
     fmt = s["kv_fmt"]
-    values = {k: s[f"kv_log_{k}"] for fields in appdata.LOG_FIELDS.values() for k in fields}
-    log = appdata.log_options_from_form(fmt, values, appdata.data_dir(), max_bytes=appdata.max_trace_bytes(),
-                                        base=appdata.launch_options()[1].log)
-    return appdata.LoadOptions(fmt=fmt, block_tokens=int(s["kv_block_tokens"]) or None,
+    values = {k: s[f"kv_log_{k}"] for fields in sources.LOG_FIELDS.values() for k in fields}
+    log = sources.log_options_from_form(fmt, values, launcher.data_dir(), max_bytes=launcher.max_trace_bytes(),
+                                        base=launcher.launch_options()[1].log)
+    return sources.LoadOptions(fmt=fmt, block_tokens=int(s["kv_block_tokens"]) or None,
                                share_tenants=bool(s["kv_share"]), log=log)
 
 
 def _log_fields(fmt: str) -> None:
-    """The request-log options a ``fmt`` log is read with (:data:`kvtrace.results.appdata.LOG_FIELDS`)."""
-    for name in appdata.LOG_FIELDS[fmt]:
+    """The request-log options a ``fmt`` log is read with (:data:`kvtrace.app.sources.LOG_FIELDS`)."""
+    for name in sources.LOG_FIELDS[fmt]:
         text, help_text = LOG_WIDGETS[name]
-        if name in appdata.LOG_CHOICES:
-            st.selectbox(text, appdata.LOG_CHOICES[name], key=f"kv_log_{name}", help=help_text)
+        if name in sources.LOG_CHOICES:
+            st.selectbox(text, sources.LOG_CHOICES[name], key=f"kv_log_{name}", help=help_text)
         else:
             st.text_input(text, key=f"kv_log_{name}", help=help_text)
 
 
-def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
+def _load(source: str, options: sources.LoadOptions) -> sources.Loaded | None:
     s = st.session_state
     if source == "bundled sample":
-        samples = appdata.sample_traces()
+        samples = launcher.sample_traces()
         if not samples:
-            return appdata.Loaded(None, "", "", f"no sample traces in {appdata.sample_dir()}")
+            return sources.Loaded(None, "", "", f"no sample traces in {launcher.sample_dir()}")
         path = samples.get(s["kv_sample"]) or next(iter(samples.values()))
-        return _load_path(path.name, options, appdata.sample_dir())
+        return _load_path(path.name, options, launcher.sample_dir())
     if source == "upload":
         if s.get("_kv_uploaded") is None and s.get("kv_upload") is not None:
             _remember_upload()
@@ -151,25 +150,25 @@ def _load(source: str, options: appdata.LoadOptions) -> appdata.Loaded | None:
         if up is None:
             return None
         name, data, digest = up
-        loaded = cached.trace_from_upload(appdata.trace_key(digest, options), _name=name, _data=data,
-                                          _options=options, _max_bytes=appdata.max_trace_bytes())
+        loaded = cached.trace_from_upload(sources.trace_key(digest, options), _name=name, _data=data,
+                                          _options=options, _max_bytes=launcher.max_trace_bytes())
         return loaded.renamed(name, name)
     text = s["kv_path"].strip()
     if not text:
         return None
-    return _load_path(text, options, appdata.data_dir())
+    return _load_path(text, options, launcher.data_dir())
 
 
-def _load_path(text: str, options: appdata.LoadOptions, root) -> appdata.Loaded:
-    """A path under ``root``, checked (:func:`kvtrace.results.appdata.server_path`) before anything is read."""
-    limit = appdata.max_trace_bytes()
+def _load_path(text: str, options: sources.LoadOptions, root) -> sources.Loaded:
+    """A path under ``root``, checked (:func:`kvtrace.app.sources.server_path`) before anything is read."""
+    limit = launcher.max_trace_bytes()
     try:
-        p = appdata.server_path(text, root, max_bytes=limit)
-        path, size, mtime = appdata.file_signature(p)
+        p = sources.server_path(text, root, max_bytes=limit)
+        path, size, mtime = sources.file_signature(p)
         digest = cached.file_digest(path, size, mtime, limit)
     except (KvtraceError, OSError) as exc:
-        return appdata.Loaded(None, "", Path(text).name, appdata.error_line(exc, text), text)
-    loaded = cached.trace_from_file(appdata.trace_key(digest, options), _path=path, _options=options)
+        return sources.Loaded(None, "", Path(text).name, sources.error_line(exc, text), text)
+    loaded = cached.trace_from_file(sources.trace_key(digest, options), _path=path, _options=options)
     return loaded.renamed(p.name, text)  # cached per content: it may have been read under another name
 
 
@@ -181,22 +180,22 @@ def trace_context() -> Context:
     sb.radio("Trace source", SOURCES, key="kv_source", horizontal=True)
     source = st.session_state["kv_source"]
     if source == "bundled sample":
-        sb.selectbox("Sample trace", list(appdata.sample_traces()), key="kv_sample",
-                     help=f"Synthetic traces bundled in {appdata.sample_dir()} (made by kvtrace synth).")
+        sb.selectbox("Sample trace", list(launcher.sample_traces()), key="kv_sample",
+                     help=f"Synthetic traces bundled in {launcher.sample_dir()} (made by kvtrace synth).")
     elif source == "upload":
-        limit = appdata.max_trace_bytes()
-        sb.file_uploader("Trace file (JSONL, Parquet or CSV)", type=list(appdata.UPLOAD_TYPES), key="kv_upload",
-                         on_change=_remember_upload, max_upload_size=appdata.upload_limit_mb(limit),
+        limit = launcher.max_trace_bytes()
+        sb.file_uploader("Trace file (JSONL, Parquet or CSV)", type=list(sources.UPLOAD_TYPES), key="kv_upload",
+                         on_change=_remember_upload, max_upload_size=launcher.upload_limit_mb(limit),
                          help=f"Mooncake or Qwen-Bailian JSONL (.gz ok), kvtrace Parquet, a generic table, or a "
                               f"request log (format tokens or openai under Reading options); "
                               f"at most {format_bytes(limit)} (kvtrace app --max-trace-bytes).")
     else:
-        root = appdata.data_dir()
+        root = launcher.data_dir()
         sb.text_input("Trace path on the server", key="kv_path", placeholder="conversation.jsonl",
                       help="A trace file or a directory of JSONL shards under the data directory; a relative "
                            "path is relative to it.")
         sb.caption(f"Data directory: `{root}` (kvtrace app --data-dir); at most "
-                   f"{format_bytes(appdata.max_trace_bytes())} per trace (--max-trace-bytes).")
+                   f"{format_bytes(launcher.max_trace_bytes())} per trace (--max-trace-bytes).")
     fmt = st.session_state["kv_fmt"]
     with sb.expander("Reading options", expanded=fmt in LOG_FORMATS):
         st.selectbox("Format", FORMATS, key="kv_fmt", format_func=lambda f: FORMAT_LABELS.get(f, f),
@@ -217,7 +216,7 @@ def trace_context() -> Context:
     try:
         options = _options()
     except KvtraceError as exc:
-        st.error(appdata.error_line(exc, "reading options"), icon=":material/error:")
+        st.error(sources.error_line(exc, "reading options"), icon=":material/error:")
         st.stop()
     loaded = _load(source, options)
     if loaded is None:

@@ -6,17 +6,16 @@ trace's block accesses N, distinct blocks M and requests R::
 
     bytes ~ a x N + b x M + c x R
 
-with per-command coefficients measured on synthetic chat traces (peak resident set
-size of the command at 2.0M and 10.0M accesses, slope between the two; the README
-performance table gives 2.34 GB for a 30.0M-access curve, which this model reproduces
-within 3 %). M is first bounded by N; only when that bound does not fit are the
+with per-command coefficients (:data:`PROFILES`): the slope of the command's peak
+resident set size between two synthetic chat traces of different sizes. M is first
+bounded by N; only when that bound does not fit are the
 distinct blocks counted (one pass over the hashes, O(M) memory).
 
 The run is refused, with a one-line error giving the estimate, the memory available
-and what to do instead, when the estimate exceeds the memory available:
-``$KVTRACE_MEMORY_BUDGET`` (a size, e.g. ``64GiB``; the same variable sets when
-``kvtrace curve`` streams a Parquet trace) if set, else the least of the system's
-available memory (``MemAvailable``) and the cgroup's remaining allowance.
+and what to do instead, when the estimate exceeds the memory budget
+(:func:`kvtrace.trace.budget.memory_budget`: ``$KVTRACE_MEMORY_BUDGET``, else the memory
+available counting the cgroup's limit), the same budget past which ``kvtrace curve``
+streams a Parquet trace instead.
 
 Before the read
 ---------------
@@ -62,9 +61,8 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from kvtrace.errors import KvtraceError
-from kvtrace.units import format_bytes, parse_size
-
-MEMORY_BUDGET_ENV = "KVTRACE_MEMORY_BUDGET"
+from kvtrace.trace.budget import MEMORY_BUDGET_ENV, memory_budget
+from kvtrace.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ class Profile:
     what: str = ""
 
 
-#: Measured profiles (see the module docstring), by workload name.
+#: Per-command profiles (see the module docstring), by workload name.
 PROFILES: dict[str, Profile] = {
     "ingest": Profile(18, 48, 0, "kvtrace ingest"),
     "stats": Profile(134, what="kvtrace stats"),
@@ -93,10 +91,9 @@ PROFILES: dict[str, Profile] = {
     "export": Profile(445, what="kvtrace export"),
     "sql": Profile(750, what="kvtrace sql on a trace (an in-memory database)"),
 }
-#: Peak of reading and validating a request table, beyond the source bytes held:
-#: measured 10-11 bytes per access (30M-access Parquet, 50M-access JSONL, plain and
-#: gzip; peak resident set size after ``prepare_requests`` minus that after the imports),
-#: rounded up.
+#: Peak of reading and validating a request table, beyond the source bytes held: the
+#: peak resident set size after ``prepare_requests`` minus that after the imports, per
+#: access (Parquet and JSONL, plain and gzip), rounded up.
 PARSE = Profile(12, 0, 200, "reading the trace")
 #: The parsed request table, held through the analysis: 8 bytes per hash; offsets and
 #: ten columns per request.
@@ -117,44 +114,9 @@ def estimate_bytes(workload: str, accesses: int, blocks: int, requests: int) -> 
 
 
 def available_bytes() -> tuple[int | None, str]:
-    """(bytes this run may use, where that figure comes from); (None, ...) when unknown."""
-    env = os.environ.get(MEMORY_BUDGET_ENV)
-    if env:
-        return parse_size(env, field=MEMORY_BUDGET_ENV), f"${MEMORY_BUDGET_ENV}"
-    found: list[tuple[int, str]] = []
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    found.append((int(line.split()[1]) * 1024, "available"))
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    cg = _cgroup_room()
-    if cg is not None:
-        found.append((cg, "left in this cgroup"))
-    if not found:
-        return None, ""
-    return min(found)
-
-
-def _cgroup_room() -> int | None:
-    """Memory this cgroup may still use (v2 ``memory.max - memory.current``; v1 limit -
-    usage), or None without a limit."""
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        try:
-            with open(limit_file) as fh:
-                limit = fh.read().strip()
-            with open(usage_file) as fh:
-                usage = int(fh.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
-            return None
-        return max(int(limit) - usage, 0)
-    return None
+    """(bytes this run may use, where that figure comes from); (None, ...) when unknown:
+    the one memory budget, :func:`kvtrace.trace.budget.memory_budget`."""
+    return memory_budget()
 
 
 def check_memory(df, meta, workload: str, *, source: str) -> None:
@@ -236,7 +198,7 @@ def estimate_read(path: str | os.PathLike, fmt: str = "auto") -> ReadEstimate | 
     if os.path.isdir(p):
         if fmt in ("parquet", "csv"):
             return None
-        from kvtrace.ingest.jsonl import shard_files
+        from kvtrace.ingest.inputs import shard_files
 
         total = None
         for shard in shard_files(p)[0]:
@@ -287,7 +249,7 @@ def _parquet_estimate(path: str) -> ReadEstimate | None:
 
 
 def _jsonl_estimate(path: str) -> ReadEstimate | None:
-    from kvtrace.ingest.jsonl import BOM, GZIP_MAGIC, ZSTD_MAGIC
+    from kvtrace.ingest.inputs import BOM, GZIP_MAGIC, ZSTD_MAGIC
 
     size = os.path.getsize(path)
     with open(path, "rb") as fh:

@@ -23,6 +23,12 @@ from kvtrace.errors import KvtraceError, UsageError
 
 #: what a pipe, a device or a socket is instead of a trace file
 EXPECTED = "expected a regular file, a directory of JSONL shards or a pipe"
+#: the first bytes of a gzip and a zstd stream, and a UTF-8 byte-order mark
+GZIP_MAGIC = b"\x1f\x8b"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+BOM = b"\xef\xbb\xbf"
+#: file names a directory of shards is read from (compressed or not)
+SHARD_PATTERN = re.compile(r".*\.(jsonl|ndjson|json)(\.(gz|gzip|zst|zstd))?$", re.IGNORECASE)
 #: bytes asked for per read of a pipe (a pipe hands out at most its buffer, 64 KiB)
 _READ_SIZE = 1 << 20
 #: longest uninterruptible wait on a pipe, milliseconds (see :func:`_pipe_chunks`)
@@ -79,12 +85,12 @@ def pipe_refused(path: str) -> KvtraceError:
 
 
 def pipe_limit() -> tuple[int | None, str]:
-    """(bytes a pipe may deliver, where the figure comes from): half the memory
-    available (:func:`kvtrace.ingest.guard.available_bytes`; the bytes are held twice while
-    joined), None when unknown."""
-    from kvtrace.ingest.guard import available_bytes
+    """(bytes a pipe may deliver, where the figure comes from): half the memory budget
+    (:func:`kvtrace.trace.budget.memory_budget`; the bytes are held twice while joined),
+    None when unknown."""
+    from kvtrace.trace.budget import memory_budget
 
-    room, where = available_bytes()
+    room, where = memory_budget()
     return (None, where) if room is None else (room // 2, where)
 
 
@@ -93,7 +99,7 @@ def read_pipe(path: str) -> bytes:
     wait for a writer or for data). Past :func:`pipe_limit` bytes the read stops with
     one line naming the file, before memory runs out (an endless writer such as
     ``<(yes)``)."""
-    from kvtrace.ingest.guard import MEMORY_BUDGET_ENV
+    from kvtrace.trace.budget import MEMORY_BUDGET_ENV
     from kvtrace.units import format_bytes
 
     limit, where = pipe_limit()
@@ -153,3 +159,25 @@ def third_party_text(exc: BaseException) -> str:
     text = text.splitlines()[0].strip() if text else ""
     text = text if len(text) <= 160 else text[:157] + "..."
     return text or type(exc).__name__
+
+
+# --------------------------------------------------------------------------- directories of shards
+def natural_key(name: str) -> list:
+    """Sort key putting ``part-2`` before ``part-10``."""
+    return [int(t) if t.isdigit() else t.lower() for t in re.split(r"(\d+)", name)]
+
+
+def shard_files(directory: str) -> tuple[list[str], list[str]]:
+    """The JSONL shards of a directory in read order, and the other (ignored) entries.
+
+    Hidden files (kvtrace's own temporary files among them) are skipped silently."""
+    shards, other = [], []
+    for name in sorted(os.listdir(directory), key=natural_key):
+        if name.startswith("."):
+            continue
+        full = os.path.join(directory, name)
+        if os.path.isfile(full) and SHARD_PATTERN.match(name):
+            shards.append(full)
+        else:
+            other.append(name)
+    return shards, other

@@ -1,91 +1,71 @@
 """Bounded-memory streaming over traces larger than RAM (``kvtrace curve --stream``).
 
-An in-memory run holds the whole access table and every per-access result: about 80
-bytes per block access at its peak (2.3 GB for 30M accesses), so a fleet trace of
-billions of accesses does not fit. A streamed run reads the Parquet request table row
-group by row group (a row group of more than
-:data:`kvtrace.ingest.chunks.CHUNK_ACCESSES` accesses in batches of requests, so one
-huge row group costs one batch) and keeps only what is O(distinct blocks) or
-O(requests) in memory;
-every per-access array exists one chunk at a time. Its results equal the in-memory
-run's **bit for bit** (``tests/test_stream.py`` compares every array and table).
+An in-memory run holds the whole access table and the per-access results of its pass
+(:data:`IN_MEMORY_BYTES_PER_ACCESS` at its peak), so a fleet trace of billions of
+accesses does not fit. A streamed run reads the Parquet request table row group by
+row group (a row group of more than :data:`kvtrace.ingest.chunks.CHUNK_ACCESSES`
+accesses in batches of requests, so one huge row group costs one batch) and keeps
+only what is O(distinct blocks) or O(requests) in memory; every per-access array
+exists one chunk at a time.
 
-Passes
-------
-1. **Scan** (:func:`open_stream`): each row group is validated as in memory
-   (:mod:`kvtrace.ingest.chunks`), its hashes get dense ids through one persistent
-   hash -> id map (:func:`kvtrace.kernels.densify.densify`, carried across chunks,
-   O(distinct blocks)), and the ids are appended to a spill file (4 bytes per access).
-   Block sizes (a block's largest token count over the whole trace) are only known at
-   the end of this pass, and the stack distances need them, hence two passes. The
-   map is freed before pass 2.
-2. **Bin** (:meth:`StreamedTrace.binned_pass`, called by
-   :func:`kvtrace.analyses.curves.compute_curve`): chunks of about 4M accesses are read back
-   from the spill file, run through the stack-distance kernel with its state carried
-   across chunks (:class:`kvtrace.kernels.stackdist.StackState`), and added into the
-   curve's capacity histogram in trace order
-   (:func:`kvtrace.kernels.hitcurve.binned_hits_into`), so the float sums are the
-   in-memory ones. The usable-prefix distances go to a second spill file (8 bytes per
-   access).
-3. **Knees**: the exact knee search reads the usable distances back, chunk by chunk,
-   for the few histogram bins that bracket a knee.
+The scan (:func:`open_stream`): each row group is validated as in memory
+(:mod:`kvtrace.ingest.chunks`), its hashes get dense ids through one persistent hash
+-> id map (:func:`kvtrace.kernels.densify.densify`, carried across chunks, O(distinct
+blocks)), and the ids are appended to a spill file (4 bytes per access). Block sizes
+(a block's largest token count over the whole trace) are only known at the end of the
+scan, and every analysis needs them, so the analyses run as later passes. The map is
+freed when the scan ends.
 
-Memory, per distinct block M and request R (bytes): pass 1 about 50-105 x M (the
+The result is a :class:`StreamedTrace`, a :class:`kvtrace.trace.source.TraceSource`:
+every analysis is one fold over its chunks (:meth:`StreamedTrace.chunks`: whole
+requests read back from the spill file, forward or backward, with the derived request
+layout), and what a pass keeps per access for a later one is a column of the source
+(:meth:`StreamedTrace.column`: a file in the spill directory; one cut short is an
+error naming it). The folds are the in-memory ones, so a streamed run equals the
+in-memory run bit for bit by construction (``tests/test_stream.py`` checks it). This
+module imports no analysis.
+
+Memory, per distinct block M and request R (bytes): the scan about 50-105 x M (the
 hash map, 16-byte slots at load <= 0.5, plus the per-block hash, tenant and size
 arrays, 20 bytes with up to 2x growth room) + 24 x R (timestamps, request ids, block
 counts and last-block tokens) + the request columns kept (``type`` and ``tenant`` as
-4-byte Categorical codes): measured 4.24 GB for 51.9M blocks and 19.4M requests, no
-column kept. The scan ends holding 20 x M + 20 x R, and hands what it freed back to
-the system (Arrow's and glibc's allocators keep it otherwise: ~0.6 GB there). Pass 2
-about 60 x M (the kernel's slot arrays and per-block state) + 40 x R (offsets,
-timestamps, per-request keys); plus one chunk (~200 MB). Disk: 12 bytes per access in
-a temporary directory (``spill_dir``, default the system's), removed on close.
-
-A sampled run (``--sample-rate``) on a streamed trace makes the same chunked pass as
-in memory (:mod:`kvtrace.analyses.sampled`): the SHARDS kernel carries its state from chunk to
-chunk and bins as it goes, so it equals the in-memory result bit for bit in memory
-O(tracked blocks + sampled requests); the evaluated accesses' usable keys for the knee
-search go to one more spill file (24 bytes per evaluated access, about ``rate`` of the
-accesses).
-
-Every pass after the scan (exact and sampled curves, ``whatif``, ``value``, ``stats``)
-reads the spill files through one reader, :meth:`StreamedTrace.access_chunks`: chunks
-of whole requests, forward or backward, with the derived request layout and any
-per-access spill files of the pass alongside; a file cut short is an error naming it.
+4-byte Categorical codes). The scan ends holding 20 x M + 20 x R, and hands what it
+freed back to the system (Arrow's and glibc's allocators keep it otherwise). A curve
+pass then holds about 60 x M (the kernel's slot arrays and per-block state) + 40 x R
+(offsets, timestamps, per-request keys), plus one chunk. Disk: 12 bytes per access in
+a temporary directory (``spill_dir``, default the system's: the block ids and the
+curve's usable distances), removed on close.
 
 When to stream (:func:`should_stream`): ``kvtrace curve`` streams a Parquet trace
 whose in-memory run would need more than the memory budget, and always with
-``--stream``. The budget is ``$KVTRACE_MEMORY_BUDGET`` (a size such as ``8GiB``), else
-half of the memory available when the command starts.
+``--stream``. The budget is the resource guard's (:mod:`kvtrace.trace.budget`):
+``$KVTRACE_MEMORY_BUDGET`` (a size such as ``8GiB``), else the memory available when the
+command starts, counting the cgroup's limit.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import polars as pl
 
 from kvtrace.trace import spill as spill_mod
-from kvtrace.analyses.distances import Distances
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest import probe_rows, unchained_warning
 from kvtrace.ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
 from kvtrace.kernels.densify import densify
-from kvtrace.kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
-from kvtrace.kernels.stackdist import COLD, StackState, stack_distances_chunk
 from kvtrace.trace import TraceMeta, source
-from kvtrace.trace.source import AccessChunk, ChunkedSource, Column, _FileReader, read_exact, request_chunks  # noqa: F401
-from kvtrace.units import parse_size
+from kvtrace.trace.budget import MEMORY_BUDGET_ENV
+from kvtrace.trace.source import (AccessChunk, ChunkedSource, Column, _FileReader,  # noqa: F401 (re-exported)
+                                  read_exact, request_chunks)
 
-#: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (measured:
-#: 2.34 GB for 30.0M accesses, README performance table), rounded up.
+#: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (the README's
+#: performance table), rounded up.
 IN_MEMORY_BYTES_PER_ACCESS = 80
-MEMORY_BUDGET_ENV = "KVTRACE_MEMORY_BUDGET"
 _ID_DTYPE = np.int32  # dense ids in the spill file
 _MAX_BLOCKS = np.iinfo(_ID_DTYPE).max
 #: Request columns kept as Categorical when asked for (group labels: a few distinct
@@ -95,23 +75,17 @@ LABEL_COLUMNS = ("type", "tenant")
 
 # --------------------------------------------------------------------------- when
 def memory_budget() -> int:
-    """Bytes an in-memory run may use: ``$KVTRACE_MEMORY_BUDGET``, else half of the
-    memory available now (``MemAvailable``; total physical memory where unknown)."""
-    env = os.environ.get(MEMORY_BUDGET_ENV)
-    if env:
-        return parse_size(env, field=MEMORY_BUDGET_ENV)
-    avail = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:
-        pass
-    if avail is None:
-        avail = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return avail // 2
+    """Bytes an in-memory run may use before a command streams instead, from the one budget
+    the resource guard refuses by (:func:`kvtrace.trace.budget.memory_budget`):
+    ``$KVTRACE_MEMORY_BUDGET`` as given, else half of the memory available counting the
+    cgroup's limit (the rest of the machine keeps room; the guard refuses only past the
+    whole). So a run the guard would refuse in memory is always streamed first."""
+    from kvtrace.trace import budget
+
+    room, where = budget.memory_budget()
+    if room is None:
+        return 1 << 62  # nothing tells: never stream unasked
+    return room if where == f"${budget.MEMORY_BUDGET_ENV}" else room // 2
 
 
 def is_parquet(path: str | os.PathLike, fmt: str = "auto") -> bool:
@@ -177,42 +151,6 @@ def should_stream(path: str | os.PathLike, fmt: str = "auto", stream: bool | Non
 
 
 # --------------------------------------------------------------------------- the trace
-@dataclass
-class BinnedPass:
-    """What a chunked pass hands to :func:`kvtrace.analyses.curves.compute_curve`.
-
-    Attributes
-    ----------
-    stream : curves._Stream
-        Request offsets of the whole trace; per-access arrays empty (never held).
-    distances : Distances
-        Empty arrays (the distances went through the histogram).
-    hist : float64[2, n_groups, G + 2, 4]
-        :func:`kvtrace.kernels.hitcurve.binned_hits` of the whole stream.
-    request_keys : (int64[R], bool[R]) or (int64[R], bool[R], int64[R])
-        Usable key of each request's first block (COLD: empty or cold), which
-        requests are measured and, from exact passes, each request's half-prefix key
-        (:func:`kvtrace.analyses.curves.half_prefix_keys`).
-    top : int
-        Largest finite distance or usable distance among measured accesses (tokens).
-    keys_in_ranges : callable
-        ``(lo_keys, hi_keys) -> (keys, range, tokens, q)``, as
-        :func:`kvtrace.kernels.hitcurve.keys_in_ranges` over the whole stream.
-    """
-
-    stream: object
-    distances: Distances
-    hist: np.ndarray
-    request_keys: tuple
-    top: int
-    keys_in_ranges: Callable
-    #: sampled passes (kvtrace.analyses.sampled): weight of each request, the sub-sample
-    #: histograms behind the error estimate, and the number of evaluated accesses
-    request_weights: np.ndarray | None = None
-    sub_hist: np.ndarray | None = None
-    n_evaluated: int | None = None
-
-
 class _Derived:
     """A per-access column computed on indexing (``tokens`` or ``pos``) from the
     request offsets (e.g. at the next accesses a value pass looks ahead to)."""
@@ -241,7 +179,7 @@ class _Derived:
 class _Accesses:
     """The access table of a streamed trace: its request offsets, and ``tokens`` and
     ``pos`` derived from them on indexing. The block ids are never held; passes read
-    them chunk by chunk (:meth:`StreamedTrace.access_chunks`)."""
+    them chunk by chunk (:meth:`StreamedTrace.chunks`)."""
 
     def __init__(self, trace: "StreamedTrace") -> None:
         self._t = trace
@@ -333,77 +271,6 @@ class StreamedTrace(ChunkedSource):
 
     def _chunks(self, size: int | None = None):
         return request_chunks(self._req_start, source.CHUNK_ACCESSES if size is None else size)
-
-    def access_chunks(self, *, blocks: bool = True, layout: bool = True, extra: Sequence[tuple] = (),
-                      size: int | None = None, reverse: bool = False, block_dtype=np.int64) -> Iterator[AccessChunk]:
-        """:meth:`chunks` with per-access files ``extra`` (path, dtype) read alongside."""
-        cols = []
-        for path, dt in extra:
-            c = Column.__new__(Column)
-            c.n, c.dtype, c.path, c.array, c._fh = self.n_accesses, np.dtype(dt), Path(path), None, None
-            cols.append(c)
-        return self.chunks(blocks=blocks, layout=layout, columns=cols, size=size, reverse=reverse,
-                           block_dtype=block_dtype)
-
-    def binned_pass(self, ev: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
-                    n_groups: int, block_tokens: int,
-                    progress: Callable[[int, int], None] | None = None) -> BinnedPass:
-        """Pass 2 (see the module docstring): exact distances chunk by chunk, binned on
-        ``grid`` (tokens) into the histogram :func:`kvtrace.analyses.curves.compute_curve`
-        evaluates, with the per-request keys, the top distance and the knee reader."""
-        from kvtrace.analyses.curves import _Stream, half_prefix_keys
-
-        rs = self._req_start
-        n_req = rs.shape[0] - 1
-        n = self.n_accesses
-        size = np.ascontiguousarray(self.block_size, dtype=np.int64)
-        state = StackState(size.shape[0])
-        state.last_request = np.empty(0, dtype=np.int64)  # no previous-request output: 8 bytes/block saved
-        hist = np.zeros((2, n_groups, grid.shape[0] + 2, 4), dtype=np.float64)
-        keys = np.full(n_req, COLD, dtype=np.int64)
-        half = np.full(n_req, COLD, dtype=np.int64)
-        first_acc = int(rs[first_req]) if n_req else 0
-        top = 0
-        no_prev = np.empty(0, dtype=np.int64)
-        no_scale = np.empty(0, dtype=np.float64)
-        no_group = np.empty(0, dtype=np.int32)
-        prefix_aware = ev == "prefix-aware"
-        usable_path = self.spill / "usable"
-        with open(usable_path, "wb") as usable_out:
-            for r, r_end, lo, hi, block, tokens, pos, lrs, local_req, _ in self.access_chunks():
-                dist = np.empty(hi - lo, dtype=np.int64)
-                usable = np.empty(hi - lo, dtype=np.int64)
-                stack_distances_chunk(block, size, lrs, r, prefix_aware, *state.arrays(), dist, no_prev, usable)
-                first = min(max(first_acc - lo, 0), hi - lo)
-                group = no_group if req_group is None else req_group[r + local_req].astype(np.int32)
-                binned_hits_into(hist, dist, usable, first, tokens, pos, block, size, block_tokens, group, grid,
-                                 no_scale)
-                nonempty = lrs[1:] > lrs[:-1]
-                keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
-                half[r:r_end] = half_prefix_keys(usable, tokens, lrs)
-                top = max(top, int(max_finite(dist, first)), int(max_finite(usable, first)))
-                usable.tofile(usable_out)
-                if progress is not None:
-                    progress(hi, n)
-        del state
-        members = np.arange(n_req) >= first_req
-        stream = _Stream(np.empty(0, np.int64), size, rs, np.empty(0, np.int32), np.empty(0, np.int32),
-                         np.empty(0, np.int64))
-        empty = np.empty(0, dtype=np.int64)
-
-        def in_ranges(lo_keys: np.ndarray, hi_keys: np.ndarray):
-            parts = []
-            for ch in self.access_chunks(blocks=False, extra=[(usable_path, np.int64)]):
-                if ch.hi <= first_acc:
-                    continue
-                parts.append(keys_in_ranges(ch.extra[0], max(first_acc - ch.lo, 0), ch.tokens, ch.pos,
-                                            block_tokens, lo_keys, hi_keys, no_scale))
-            if not parts:
-                return keys_in_ranges(empty, 0, np.empty(0, np.int32), np.empty(0, np.int32), block_tokens,
-                                      lo_keys, hi_keys, no_scale)
-            return tuple(np.concatenate([p[i] for p in parts]) for i in range(4))
-
-        return BinnedPass(stream, Distances(ev, empty, empty), hist, (keys, members, half), top, in_ranges)
 
 
 def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
@@ -547,8 +414,8 @@ def _copied(df: pl.DataFrame) -> pl.DataFrame:
 def _release_freed_memory() -> None:
     """Hand the memory the scan freed back to the system. Arrow's allocator keeps the
     pages of the row groups it read, and glibc's heap the per-chunk arrays smaller than
-    its mmap threshold, interleaved with the per-request parts: about 0.6 GB after a
-    300M-access scan, otherwise resident through every later pass."""
+    its mmap threshold, interleaved with the per-request parts, which would otherwise
+    stay resident through every later pass."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
@@ -565,5 +432,5 @@ def spill_bytes(n_accesses: int) -> int:
     return int(n_accesses) * (np.dtype(_ID_DTYPE).itemsize + 8)
 
 
-__all__ = ["BinnedPass", "IN_MEMORY_BYTES_PER_ACCESS", "MEMORY_BUDGET_ENV", "StreamedTrace",
+__all__ = ["IN_MEMORY_BYTES_PER_ACCESS", "MEMORY_BUDGET_ENV", "StreamedTrace",
            "in_memory_estimate", "is_parquet", "memory_budget", "open_stream", "should_stream", "spill_bytes"]

@@ -93,8 +93,7 @@ def _bin_fast(G, padded, starts, steps, key):
     at G (no capacity reaches COLD), so adding ``key == COLD`` gives its bin G + 1.
 
     One exit and no call: a branch to the plain binary search for keys <= 0 (a call
-    on a slice of ``padded``) made every lookup three times slower once inlined into a
-    loop, taken or not (13 -> 4.5 ns a key, measured side by side)."""
+    on a slice of ``padded``), inlined into a loop, slows every lookup, taken or not."""
     i = starts[_bucket(key if key > 0 else np.int64(0))]
     for _ in range(steps):
         i += np.int64(padded[i] < key)
@@ -102,39 +101,32 @@ def _bin_fast(G, padded, starts, steps, key):
 
 
 @njit(**NJIT)
-def binned_hits(keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, n_groups, grid, scale):
-    """Per-bin weight sums for accesses ``first..N-1``, for two keys in one pass.
+def binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, grid, scale):
+    """Add the per-bin weight sums of accesses ``first..N-1`` into ``out``, for two
+    keys in one pass.
+
+    Called on successive chunks of one stream with the same ``out``, it performs the
+    same additions in the same order as one call over the whole stream, so the sums
+    do not depend on the chunking (every curve pass relies on this).
 
     Parameters
     ----------
+    out : float64[2, n_groups, G + 2, N_WEIGHTS]
+        ``[0]`` for ``keys_any``, ``[1]`` for ``keys_prefix``; added to in place.
     keys_any, keys_prefix : int64[N]
         Distances in tokens (any-block and usable-prefix; COLD never hits).
     first : int
         First measured access (earlier ones only warmed the cache).
+    tokens, pos : int32[N]
+        Tokens of each access and its block's position in the request.
+    block : int64[N]
+        Block of each access, an index into ``size`` (tokens each block occupies).
     group : int32[N] or empty
         Group index per access (empty = one group).
     grid : int64[G]
         Capacities in tokens, ascending.
     scale : float64[N] or empty
         Per-access multiplier of every weight (sampling weights); empty = 1.
-
-    Returns
-    -------
-    float64[2, n_groups, G + 2, N_WEIGHTS]
-        ``[0]`` for ``keys_any``, ``[1]`` for ``keys_prefix``.
-    """
-    out = np.zeros((2, n_groups, grid.shape[0] + 2, N_WEIGHTS), dtype=np.float64)
-    binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, grid, scale)
-    return out
-
-
-@njit(**NJIT)
-def binned_hits_into(out, keys_any, keys_prefix, first, tokens, pos, block, size, block_tokens, group, grid, scale):
-    """:func:`binned_hits` adding into ``out`` (float64[2, n_groups, G + 2, N_WEIGHTS]).
-
-    Called on successive chunks of one stream with the same ``out``, it performs the
-    same additions in the same order as one call over the whole stream, so the sums
-    are equal bit for bit (streamed runs rely on this).
     """
     grouped = group.shape[0] > 0
     scaled = scale.shape[0] > 0

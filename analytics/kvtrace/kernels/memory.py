@@ -6,12 +6,11 @@ every access also misses the TLB, and 2 MiB pages (transparent huge pages) remov
 of those misses. numpy asks for huge pages for every large array, but the per-access
 arrays, read once in order, gain nothing from them and pay for them: on a kernel that
 only grants huge pages on request (``madvise``, the usual default) and compacts memory
-to find them, faulting in gigabytes of them cost a 30M-access ``kvtrace curve`` about
-2 s of system time (of 10 s end to end). So the CLI turns numpy's request off
-(:func:`kvtrace.config.stop_numpy_huge_pages`) and the tables ask for huge pages themselves
-(:func:`table_zeros`, :func:`table_full`). On the VM behind the README's figures
-(nested paging) the kernels ran no faster on huge pages; what they save there is the
-cost of faulting tables in and unmapping them. Results never depend on any of this.
+to find them, faulting in gigabytes of them costs seconds of system time. So the CLI
+turns numpy's request off (:func:`kvtrace.config.stop_numpy_huge_pages`) and the tables
+ask for huge pages themselves (:func:`table_zeros`, :func:`table_full`). Under nested
+paging (a VM) the kernels need not run faster on huge pages; what they save there is
+the cost of faulting tables in and unmapping them. Results never depend on any of this.
 """
 
 from __future__ import annotations
@@ -35,13 +34,11 @@ def table_zeros(shape, dtype, populate: bool = False) -> np.ndarray:
     The mapping is private: Python's anonymous ``mmap`` is ``MAP_SHARED`` unless told
     otherwise, i.e. shared memory, which the usual settings never back with huge pages
     (``shmem_enabled`` is ``never`` by default) and which is slower to fault in and to
-    unmap. On the VM behind the README's figures, a 340 MB table populated as below:
-    shared 0.24-0.26 s and 0.09 s to unmap; private with huge pages 0.03-0.09 s and
-    0.002 s (0.8 s the first time the VM hands out that memory at all).
+    unmap.
 
     ``populate``: the caller will write all of it, so fault every page in now, in one
     call (``MADV_POPULATE_WRITE``, Linux 5.14+; elsewhere the pages fault in as they are
-    first written, as without it), about half the cost of faulting page by page; a table
+    first written, as without it), cheaper than faulting page by page; a table
     written only in part must not ask for it (every page would count as resident)."""
     dtype = np.dtype(dtype)
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(s) for s in shape)

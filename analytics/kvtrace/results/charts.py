@@ -15,9 +15,11 @@ from pathlib import Path
 import altair as alt
 import polars as pl
 
-from kvtrace.errors import UsageError
-from kvtrace.outputs import atomic_path
+from kvtrace.analyses.whatif import tier_share
+from kvtrace.errors import UsageError, require_extra
 from kvtrace.names import label
+from kvtrace.outputs import atomic_path
+from kvtrace.results.chart_data import knee_points
 from kvtrace.units import format_bytes
 
 #: Rate columns :func:`curve_chart` draws, under their labels (:data:`kvtrace.names.LABELS`).
@@ -177,10 +179,9 @@ def curve_lines(result, metrics=tuple(CURVE_METRICS)) -> tuple[pl.DataFrame, str
 
 
 def knee_table(result, metric: str = HEADLINE) -> pl.DataFrame:
-    """The exact knees of one metric: ``capacity_bytes``, ``target_rate``, ``label``."""
-    return result.knees.filter(pl.col("metric") == metric).drop_nulls("capacity_bytes").select(
-        "capacity_bytes", "target_rate",
-        ((pl.col("fraction") * 100).round(0).cast(pl.Int64).cast(pl.String) + "% of ceiling").alias("label"))
+    """The exact knees of one metric (:func:`kvtrace.results.chart_data.knee_points`):
+    ``capacity_bytes``, ``target_rate``, ``label``."""
+    return knee_points(result, metric).select("capacity_bytes", "target_rate", "label")
 
 
 def curve_chart(result, *, metrics=tuple(CURVE_METRICS), marks: dict[str, float] | None = None,
@@ -223,8 +224,7 @@ def save_chart(chart: alt.TopLevelMixin, path: str | os.PathLike) -> None:
     if fmt not in PLOT_FORMATS:
         found = f"suffix '.{fmt}'" if fmt else "no suffix"
         raise UsageError(f"unsupported plot file ({found}): expected .html, .png or .svg", path=str(path))
-    import vl_convert as vlc
-
+    vlc = require_extra("vl_convert", "png", package="vl-convert-python", what="writing a chart file")
     spec = chart.to_json()
     with atomic_path(path) as tmp:
         if fmt == "html":
@@ -255,7 +255,7 @@ def frontier_chart(table) -> alt.LayerChart:
     Pareto frontier: the configurations no other one beats on both (fewer bytes
     written per day and a share at least as high)."""
     df = table.with_columns(
-        (pl.col("flash_prefix_token_hit_rate").fill_null(0.0) + pl.col("local_prefix_token_hit_rate").fill_null(0.0)).alias("flash_share"),
+        pl.Series("flash_share", [tier_share(r) for r in table.iter_rows(named=True)], dtype=pl.Float64),
         (pl.col("flash_write_bytes_per_day").fill_null(0.0) + pl.col("local_write_bytes_per_day").fill_null(0.0))
         .alias("writes"),
         (pl.col("flash_bytes").fill_null(0) + pl.col("local_ssd_bytes").fill_null(0)).alias("flash_total"),
@@ -336,7 +336,8 @@ def sizing_curve_chart(result) -> alt.LayerChart:
                              span_bytes=data["capacity_bytes"].to_list())
     rules = alt.Chart(data).mark_rule(strokeWidth=2.5).encode(
         x="capacity_bytes:Q", tooltip=["label:N", "capacity:N"],
-        color=alt.Color("label:N", title="marked", legend=alt.Legend(labelLimit=0, orient="bottom"), sort=list(_SIZING_MARKS),
+        color=alt.Color("label:N", title="marked", legend=alt.Legend(labelLimit=0, orient="bottom"),
+                        sort=list(_SIZING_MARKS),
                         scale=alt.Scale(domain=list(_SIZING_MARKS), range=list(_SIZING_MARKS.values()))))
     info = curve.info
     subtitle = f"{info.get('model')} ({info.get('kv_bytes_per_token'):,} B/token), {info.get('eviction')} LRU"

@@ -3,42 +3,42 @@ ceiling, the knees and the DRAM / flash capacities on the chart."""
 
 import polars as pl
 import streamlit as st
-from kvtrace.app import cached, charts, sidebar
-from kvtrace.app.fmt import bandwidth, dollars, format_bytes, pct
+from kvtrace.app import cached, charts, choices, sidebar
 
-from kvtrace.results import appdata
 from kvtrace.errors import KvtraceError
 from kvtrace.names import label
+from kvtrace.results import chart_data
+from kvtrace.results.present import KNEE_HEADS, bandwidth, format_bytes, knee_table, money, rate
 from kvtrace.units import parse_size
 
 SAMPLE_RATES = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 
 ctx = sidebar.trace_context()
 trace = ctx.trace
-large = trace.n_accesses > appdata.LARGE_TRACE_ACCESSES
+large = trace.n_accesses > choices.LARGE_TRACE_ACCESSES
 state = st.session_state
 state.setdefault("curve_sample", large)
 state.setdefault("curve_rate", 0.01)
-state.setdefault("curve_dram", appdata.DEFAULT_TIERS["dram"])  # the What-ifs page starts from the same sizes
-state.setdefault("curve_flash", appdata.DEFAULT_TIERS["flash"])
+state.setdefault("curve_dram", choices.DEFAULT_TIERS["dram"])  # the What-ifs page starts from the same sizes
+state.setdefault("curve_flash", choices.DEFAULT_TIERS["flash"])
 
 st.title("Capacity-hit curves")
 st.caption(f"{ctx.label}: what each cache size saves. Exact byte-LRU reuse distances, one kernel pass for "
            "every capacity (`kvtrace curve`).")
 c1, c2, c3 = st.columns([2, 1, 1])
-metric_label = c1.radio("Metric", list(appdata.CURVE_METRICS), horizontal=True, key="curve_metric",
+metric_label = c1.radio("Metric", list(choices.CURVE_METRICS), horizontal=True, key="curve_metric",
                         help="prefix tokens: usable-prefix prompt tokens served from cache (the headline); requests: "
                              "requests reusing at least one block; half-prefix requests: requests whose usable prefix "
                              "covers at least half their prompt; prefix bytes: usable-prefix bytes; compute saved: "
                              "prefill FLOPs avoided.")
-metric = appdata.CURVE_METRICS[metric_label]
-groups = appdata.groupings(trace)
+metric = choices.CURVE_METRICS[metric_label]
+groups = choices.groupings(trace)
 by = c2.selectbox("Break down by", ["none", *groups], key="curve_by",
                   help="One line per group under one shared cache." if groups else "This trace has no type, "
                        "tenant, turn or session columns to group by.")
 c3.toggle("SHARDS sampling", key="curve_sample",
           help=f"Approximate curve from a spatial sample of blocks; on by default above "
-               f"{appdata.LARGE_TRACE_ACCESSES:,} block accesses.")
+               f"{choices.LARGE_TRACE_ACCESSES:,} block accesses.")
 sampled = bool(state["curve_sample"])
 if sampled:
     c3.select_slider("Sample rate", SAMPLE_RATES, key="curve_rate")
@@ -54,11 +54,11 @@ try:
 except KvtraceError as exc:
     st.error(exc.one_line())
     dram = flash = 0
-marks = appdata.tier_marks(dram, flash)
+marks = chart_data.tier_marks(dram, flash)
 
-rate = float(state["curve_rate"]) if sampled else None
+sample_rate = float(state["curve_rate"]) if sampled else None
 dist = None if sampled else cached.distances(ctx.key, ctx.eviction, _trace=trace)
-result = cached.curve(ctx.key, ctx.model_name, ctx.gpu_name, ctx.eviction, None if by == "none" else by, rate,
+result = cached.curve(ctx.key, ctx.model_name, ctx.gpu_name, ctx.eviction, None if by == "none" else by, sample_rate,
                       tuple(marks.values()), _trace=trace, _distances=dist)
 info = result.info
 
@@ -70,9 +70,9 @@ if result.approximate:
                f"max {100 * (err['max_standard_error'] or 0):.2f} pts (band: +-2 standard errors).")
 
 ceiling = result.ceiling.get(metric)
-knees = appdata.knee_points(result, metric)
+knees = chart_data.knee_points(result, metric)
 m1, m2, m3, m4 = st.columns(4)
-m1.metric(f"ceiling ({metric_label})", pct(ceiling), help="Hit rate of an infinite cache.")
+m1.metric(f"ceiling ({metric_label})", rate(ceiling), help="Hit rate of an infinite cache.")
 m2.metric("capacity to reach the ceiling", format_bytes(result.ceiling["capacity_bytes"]))
 for col, frac in ((m3, 0.8), (m4, 0.95)):
     k = knees.filter(pl.col("fraction") == frac)
@@ -82,7 +82,7 @@ for col, frac in ((m3, 0.8), (m4, 0.95)):
 
 subtitle = (f"{info['model']} ({info['kv_bytes_per_token']:,} B/token), {info['eviction']} LRU"
             + (f", SHARDS sample rate {info['sample_rate']:g} (approximate)" if result.approximate else ""))
-st.altair_chart(charts.curve(appdata.curve_lines(result, metric), knees, ceiling, marks, metric_label, subtitle))
+st.altair_chart(charts.curve(chart_data.metric_lines(result, metric), knees, ceiling, marks, metric_label, subtitle))
 
 if result.display is not None and marks:
     st.subheader("At your tiers")
@@ -92,24 +92,16 @@ if result.display is not None and marks:
     for name, r in zip(marks, result.display.iter_rows(named=True)):
         rows.append({
             "tier": name, "capacity": format_bytes(r["capacity_bytes"]),
-            **{label(m): pct(r[m]) for m in ("request_hit_rate", "prefix_token_hit_rate", "prefix_byte_hit_rate",
+            **{label(m): rate(r[m]) for m in ("request_hit_rate", "prefix_token_hit_rate", "prefix_byte_hit_rate",
                                               "compute_saved_rate")},
             label("gpu_seconds_saved_per_hour"): "-" if r["gpu_seconds_saved_per_hour"] is None
             else f"{r['gpu_seconds_saved_per_hour']:,.1f}",
-            label("usd_saved_per_hour"): dollars(r["usd_saved_per_hour"]),
+            label("usd_saved_per_hour"): money(r["usd_saved_per_hour"]),
             label("read_mean_bytes_per_s"): bandwidth(r["read_mean_bytes_per_s"]),
         })
     st.dataframe(pl.DataFrame(rows), hide_index=True, key="at_tiers")
 
 st.subheader("Knees: capacity needed to reach a share of the ceiling")
-knee_table = {"share of ceiling": []}
-for frac in sorted(set(result.knees["fraction"].to_list())):
-    knee_table["share of ceiling"].append(f"{100 * frac:g}%")
-    for col in ("prefix_token_hit_rate", "request_hit_rate", "compute_saved_rate"):
-        sel = result.knees.filter((pl.col("metric") == col) & (pl.col("fraction") == frac))
-        cap = sel["capacity_bytes"][0] if sel.height else None
-        knee_table.setdefault(label(col), []).append(
-            "-" if cap is None else f"{format_bytes(cap)} ({pct(sel['target_rate'][0])})")
-st.dataframe(pl.DataFrame(knee_table), hide_index=True, key="knees")
+st.dataframe(knee_table(result.knees).rename(KNEE_HEADS), hide_index=True, key="knees")
 st.caption(f"{info['measured_accesses']:,} accesses measured, {info['distinct_blocks']:,} distinct blocks "
            f"({format_bytes(info['distinct_bytes'])}).")

@@ -4,7 +4,8 @@ distributions, and the top shared prefixes."""
 import polars as pl
 import streamlit as st
 from kvtrace.app import cached, charts, sidebar
-from kvtrace.app.fmt import format_bytes, format_seconds, num, pct
+
+from kvtrace.results.present import count, format_bytes, format_seconds, rate
 
 ctx = sidebar.trace_context()
 result = cached.stats(ctx.key, ctx.model_name, _trace=ctx.trace)
@@ -18,18 +19,18 @@ for w in s["warnings"]:
     st.warning(w)
 
 cards = [
-    ("requests", num(s["requests"])),
+    ("requests", count(s["requests"])),
     ("duration", format_seconds(s["duration_s"])),
     ("arrival rate (mean)", f"{s['arrival_rate_per_s']:.3g} /s" if s["arrival_rate_per_s"] else "-"),
     ("arrivals per minute (mean / peak)", f"{s['mean_arrivals_per_minute']:.1f} / {s['peak_arrivals_per_minute']}"),
-    ("block accesses", num(s["block_accesses"])),
-    ("distinct blocks", num(s["distinct_blocks"])),
-    ("sessions", num(s["sessions"])),
-    ("input tokens", num(s["input_tokens"])),
-    ("output tokens", num(s["output_tokens"])),
+    ("block accesses", count(s["block_accesses"])),
+    ("distinct blocks", count(s["distinct_blocks"])),
+    ("sessions", count(s["sessions"])),
+    ("input tokens", count(s["input_tokens"])),
+    ("output tokens", count(s["output_tokens"])),
     ("distinct KV bytes", format_bytes(s["distinct_kv_bytes"])),
     ("KV bytes accessed", format_bytes(s["accessed_kv_bytes"])),
-    ("accesses that re-reference a block", pct(s["rereference_share"])),
+    ("accesses that re-reference a block", rate(s["rereference_share"])),
 ]
 for row in range(0, len(cards), 4):
     for col, (label, value) in zip(st.columns(4), cards[row:row + 4]):

@@ -6,24 +6,19 @@ import json
 
 import polars as pl
 import streamlit as st
-from kvtrace.app import cached, sidebar
-from kvtrace.app.fmt import dollars, format_bytes, pct
+from kvtrace.app import cached, sidebar, sizing_form
 
-from kvtrace.results import appdata
+from kvtrace.analyses.sizing import CANDIDATE_TEXT, LENSES, TIERS, default_config
 from kvtrace.errors import KvtraceError
 from kvtrace.model import GPUS, MODELS, resolve_gpu
 from kvtrace.outputs import _json_safe
+from kvtrace.results.present import format_bytes, milliseconds, money, rate, signed_money
 
 ctx = sidebar.trace_context()
 st.title("Tier sizing")
-if not appdata.sizing_available():
-    st.info("Sizing is not available in this version of kvtrace (kvtrace.analyses.sizing is missing).")
-    st.stop()
-
-from kvtrace.analyses.sizing import CANDIDATE_TEXT, LENSES, default_config  # noqa: E402
 
 state = st.session_state
-SECTIONS, TIER_KEYS = appdata.sizing_fields()
+SECTIONS, TIER_KEYS = sizing_form.sizing_fields()
 _FIRST = ("slo", "economics", "deployment", "load", "search")  # the model and GPU follow the sidebar
 SECTIONS = {**{s: SECTIONS[s] for s in _FIRST if s in SECTIONS}, **SECTIONS}
 FROM_SIDEBAR = {"model.name": "Model", "gpu.name": "GPU", "search.eviction": "LRU model"}
@@ -62,11 +57,11 @@ def _load_toml() -> None:
     if f is None:
         return
     try:
-        cfg = appdata.sizing_config_from_toml(f.name, f.getvalue())
+        cfg = sizing_form.sizing_config_from_toml(f.name, f.getvalue())
     except KvtraceError as exc:
         state["_sz_upload_msg"] = ("error", exc.one_line())
         return
-    _set_form(appdata.sizing_form_values(cfg), cfg.tiers)
+    _set_form(sizing_form.sizing_form_values(cfg), cfg.tiers)
     notes = []  # the model, GPU and LRU model are the sidebar's, shared by every page
     model, gpu = MODELS.canonical(cfg.model), GPUS.canonical(cfg.gpu)
     if model:
@@ -84,7 +79,7 @@ def _load_toml() -> None:
 
 if "_sz_ready" not in state:
     base = default_config()
-    _set_form(appdata.sizing_form_values(base), base.tiers)
+    _set_form(sizing_form.sizing_form_values(base), base.tiers)
     _gpu_preset(ctx.gpu_name)
     state["_sz_ready"] = True
 if state.get("_sz_gpu_for") != ctx.gpu_name:
@@ -107,7 +102,7 @@ cfg_cols[1].toggle("Edit the configuration", key="sz_edit",
                    help="A form with every key of tiers.toml, one tab per section and tier.")
 if state["sz_edit"]:
     with st.form("sizing_form"):
-        tabs = st.tabs([*SECTIONS, *(f"tiers.{t}" for t in appdata.SIZING_TIERS)])
+        tabs = st.tabs([*SECTIONS, *(f"tiers.{t}" for t in TIERS)])
         for tab, (sec, keys) in zip(tabs, SECTIONS.items()):  # SECTIONS: SLO and money first
             cols = tab.columns(3)
             for i, (k, kind) in enumerate(keys.items()):
@@ -116,7 +111,7 @@ if state["sz_edit"]:
                 cols[i % 3].text_input(k, key=f"sz.{name}", disabled=side is not None,
                                        help=f"set with the sidebar's {side} selector" if side else
                                        f"[{sec}] {k}: {kind}; empty = not set (the default applies)")
-        for tab, tier in zip(tabs[len(SECTIONS):], appdata.SIZING_TIERS):
+        for tab, tier in zip(tabs[len(SECTIONS):], TIERS):
             if tier in OPTIONAL_TIERS:
                 tab.checkbox(f"include the {tier} tier (without it, its candidates are dropped)", key=f"sz.tier.{tier}")
             cols = tab.columns(3)
@@ -128,7 +123,7 @@ if state["sz_edit"]:
 values = {k[3:]: v for k, v in state.items() if k.startswith("sz.") and not k.startswith("sz.tier.")}
 tiers = ("dram", *(t for t in OPTIONAL_TIERS if state.get(f"sz.tier.{t}")))
 try:
-    config = appdata.sizing_config_from_form(values, tiers)
+    config = sizing_form.sizing_config_from_form(values, tiers)
 except KvtraceError as exc:
     st.error(exc.one_line())
     st.stop()
@@ -158,15 +153,15 @@ with st.container(border=True):
                                     fig.get("before_service_time_mean_ms"))
     p99, mean = fig.get("service_time_p99_ms"), fig.get("service_time_mean_ms")
     m = st.columns(5)
-    m[0].metric("monthly cost", dollars(fig.get("cost_usd_per_month")), delta_color="inverse",
-                delta=None if inc is None else f"{'+' if inc >= 0 else ''}{dollars(inc)} vs today")
-    m[1].metric("net benefit per month", dollars(fig.get("net_usd_per_month")))
-    m[2].metric("P99 reusable-prefix time", "-" if p99 is None else f"{p99:,.1f} ms", delta_color="inverse",
+    m[0].metric("monthly cost", money(fig.get("cost_usd_per_month")), delta_color="inverse",
+                delta=None if inc is None else f"{signed_money(inc)} vs today")
+    m[1].metric("net benefit per month", money(fig.get("net_usd_per_month")))
+    m[2].metric("P99 reusable-prefix time", milliseconds(p99), delta_color="inverse",
                 delta=None if None in (p99, before_p99) else f"{p99 - before_p99:+,.1f} ms vs today")
-    m[3].metric("mean reusable-prefix time", "-" if mean is None else f"{mean:,.1f} ms", delta_color="inverse",
+    m[3].metric("mean reusable-prefix time", milliseconds(mean), delta_color="inverse",
                 delta=None if None in (mean, before_mean) else f"{mean - before_mean:+,.1f} ms vs today")
-    m[4].metric("break-even realisation", pct(fig.get("break_even_realisation")),
-                help=f"Share of freed GPU time that must become money; assumed {pct(config.realisation)}.")
+    m[4].metric("break-even realisation", rate(fig.get("break_even_realisation")),
+                help=f"Share of freed GPU time that must become money; assumed {rate(config.realisation)}.")
     st.markdown("\n".join(f"- {_md(r)}" for r in rec.reasons))
     if rec.risks:
         st.markdown("**Risks**\n" + "\n".join(f"- {_md(r)}" for r in rec.risks))
@@ -178,7 +173,7 @@ with st.container(border=True):
 st.subheader("Candidates under the three lenses")
 state.setdefault("sz_lens", LENSES[0])
 lens = st.radio("Lens", LENSES, key="sz_lens", horizontal=True, label_visibility="collapsed")
-t = appdata.sizing_table(result, lens)
+t = sizing_form.sizing_table(result, lens)
 st.caption(LENS_TEXT.get(lens, ""))
 st.dataframe(
     pl.DataFrame({
@@ -186,13 +181,13 @@ st.dataframe(
         "candidate": [CANDIDATE_TEXT.get(c, c) for c in t["candidate"]],
         "configuration": [c or "-" for c in t["config"]],
         "admission": [p or "-" for p in t["policy"]],
-        "DRAM": [pct(x) for x in t["dram_prefix_token_hit_rate"]],
-        "SSD/flash": [pct(x) for x in t["ssd_prefix_token_hit_rate"]],
-        "mean": ["-" if x is None else f"{x:,.1f} ms" for x in t["service_time_mean_ms"]],
-        "P99": ["-" if x is None else f"{x:,.1f} ms" for x in t["service_time_p99_ms"]],
-        "$/month": [dollars(x) for x in t["cost_usd_per_month"]],
-        "net $/month": [dollars(x) for x in t["net_usd_per_month"]],
-        "break-even": [pct(x) for x in t["break_even_realisation"]],
+        "DRAM": [rate(x) for x in t["dram_prefix_token_hit_rate"]],
+        "SSD/flash": [rate(x) for x in t["ssd_prefix_token_hit_rate"]],
+        "mean": [milliseconds(x) for x in t["service_time_mean_ms"]],
+        "P99": [milliseconds(x) for x in t["service_time_p99_ms"]],
+        "$/month": [money(x) for x in t["cost_usd_per_month"]],
+        "net $/month": [money(x) for x in t["net_usd_per_month"]],
+        "break-even": [rate(x) for x in t["break_even_realisation"]],
         "feasible": ["yes" if f else "no" for f in t["feasible"]],
         "reasons": [r or "" for r in t["reasons"]],
     }), hide_index=True, key=f"sz_table_{lens}")

@@ -5,24 +5,29 @@ import json
 
 import polars as pl
 import streamlit as st
-from kvtrace.app import cached, charts, sidebar
-from kvtrace.app.fmt import bandwidth, dollars, format_bytes, ms, num, pct
+from kvtrace.app import cached, charts, choices, sidebar
 
-from kvtrace.results import appdata
-from kvtrace.results.charts import frontier_chart
+from kvtrace.analyses.response import ResponseModel
+from kvtrace.analyses.value import DEFAULT_HORIZON
+from kvtrace.analyses.whatif import (FLASH_ORDERS, PROMOTIONS, ROUTINGS, WRITE_MODES, TierConfig, config_grid,
+                                     summary_table)
 from kvtrace.errors import KvtraceError
 from kvtrace.outputs import _json_safe
-from kvtrace.analyses.whatif import FLASH_ORDERS, PROMOTIONS, ROUTINGS, WRITE_MODES, TierConfig, summary_table
+from kvtrace.results import chart_data
+from kvtrace.results.charts import frontier_chart
+from kvtrace.results.present import WHATIF_HEADS, money, whatif_rows
 
 MAX_CONFIGS = 48
 
 ctx = sidebar.trace_context()
 state = st.session_state
-for k, v in {"wi_dram": appdata.DEFAULT_TIERS["dram"], "wi_flash": appdata.DEFAULT_TIERS["flash"],  # as Curves
+_response = ResponseModel()  # the response-model defaults, in the form's units
+for k, v in {"wi_dram": choices.DEFAULT_TIERS["dram"], "wi_flash": choices.DEFAULT_TIERS["flash"],  # as Curves
              "wi_local": "0", "wi_policies": ["all", "second-hit", "tinylfu"],
              "wi_promotion": "promote", "wi_write_mode": "write-on-evict", "wi_order": "lru", "wi_inclusive": False,
-             "wi_nodes": 1, "wi_routing": "session", "wi_warmup": "", "wi_dram_gbps": 25.0, "wi_dram_ms": 0.2,
-             "wi_flash_gbps": 6.0, "wi_flash_ms": 1.0, "wi_overhead_ms": 1.0}.items():
+             "wi_nodes": 1, "wi_routing": "session", "wi_warmup": "", "wi_dram_gbps": _response.dram_gbps,
+             "wi_dram_ms": _response.dram_latency_ms, "wi_flash_gbps": _response.flash_gbps,
+             "wi_flash_ms": _response.flash_latency_ms, "wi_overhead_ms": _response.overhead_ms}.items():
     state.setdefault(k, v)
 
 st.title("Tier what-ifs")
@@ -35,8 +40,8 @@ with st.form("whatif_form"):
                   "refused), or a comma list: every DRAM x flash pair is run.")
     c1.text_input("Shared flash", key="wi_flash", help="Sizes with their units, e.g. 1TiB,4TiB; 0 = no flash.")
     c1.text_input("Local SSD per node", key="wi_local", help="A size with its unit, e.g. 3.84TB; 0 = none.")
-    c2.multiselect("Admission policies", appdata.WHATIF_POLICIES, key="wi_policies",
-                   help="What enters flash; value>=v uses future-reuse values over a 1 h horizon.")
+    c2.multiselect("Admission policies", choices.WHATIF_POLICIES, key="wi_policies",
+                   help=f"What enters flash; value>=v uses future-reuse values over a {DEFAULT_HORIZON} horizon.")
     c2.selectbox("Promotion on a flash hit", list(PROMOTIONS), key="wi_promotion")
     c2.selectbox("Write mode", WRITE_MODES, key="wi_write_mode")
     c3.number_input("Nodes", min_value=1, max_value=64, step=1, key="wi_nodes")
@@ -63,14 +68,7 @@ def _configs() -> list[TierConfig]:
     common = dict(local_ssd_bytes=state["wi_local"].strip() or "0", nodes=int(state["wi_nodes"]),
                   routing=state["wi_routing"], flash_order=state["wi_order"], promotion=state["wi_promotion"],
                   write_mode=state["wi_write_mode"], inclusive=bool(state["wi_inclusive"]))
-    out, seen = [], set()
-    for d in drams:
-        for f in flashes:
-            for p in policies:
-                c = TierConfig(d, flash_bytes=f, policy=p, **common)
-                if c.label not in seen:  # without flash the policy does not matter
-                    seen.add(c.label)
-                    out.append(c)
+    out = config_grid(drams, flashes, policies, **common)
     if len(out) > MAX_CONFIGS:
         raise KvtraceError(f"{len(out)} configurations: at most {MAX_CONFIGS} per run (fewer sizes or policies)")
     return out
@@ -89,7 +87,7 @@ response = {"dram_fixed_s": state["wi_dram_ms"] / 1e3, "dram_bytes_per_s": state
 warmup = state["wi_warmup"].strip() or None
 values = None
 if any(c.parsed_policy.kind == "value" for c in configs):
-    values = cached.future_values(ctx.key, ctx.model_name, ctx.gpu_name, "1h", _trace=ctx.trace)
+    values = cached.future_values(ctx.key, ctx.model_name, ctx.gpu_name, DEFAULT_HORIZON, _trace=ctx.trace)
 
 bar = st.progress(0.0, text=f"Simulating {len(configs)} configuration(s)…")
 rows = []
@@ -106,24 +104,17 @@ bar.empty()
 table = summary_table(rows)
 
 st.subheader("Comparison")
+# `kvtrace whatif`'s columns (present.whatif_rows) with the latency percentiles next to the hit shares,
+# and the dollars saved; the configuration label names the tiers
+COLUMNS = ("config", "DRAM", "SSD/flash", "miss", "compute saved", "p50", "p99", "$ saved /h", "writes/day", "DWPD",
+           "read mean", "peak", "promotions")
+HEADS = {"writes/day": "flash writes/day", "read mean": "flash read mean"}
 rows_shown = []
-for r in table.iter_rows(named=True):  # the columns of `kvtrace whatif`'s table
-    dwpd = r["flash_dwpd"] if r["flash_dwpd"] is not None else r["local_dwpd"]
-    writes = r["flash_write_bytes_per_day"]
-    rows_shown.append({
-        "config": r["config"], "DRAM": pct(r["dram_prefix_token_hit_rate"]),
-        "SSD/flash": pct((r["flash_prefix_token_hit_rate"] or 0.0) + (r["local_prefix_token_hit_rate"] or 0.0)),
-        "miss": pct(r["prefix_token_miss_rate"]),
-        "compute saved": pct(r["compute_saved_rate"]),
-        "p50": ms(r["service_time_p50_ms"]), "p99": ms(r["service_time_p99_ms"]),
-        "$ saved /h": dollars(r["usd_saved_per_hour"]),
-        "flash writes/day": "-" if writes is None else format_bytes(writes),
-        "DWPD": "-" if dwpd is None else f"{dwpd:.2f}",
-        "flash read mean": bandwidth(r["flash_read_mean_bytes_per_s"]),
-        "peak": bandwidth(r["flash_read_peak_bytes_per_s"]), "promotions": num(r["promotions"] or 0),
-    })
+for r, texts in zip(table.iter_rows(named=True), whatif_rows(table)):
+    row = {**dict(zip(WHATIF_HEADS, texts)), "$ saved /h": money(r["usd_saved_per_hour"])}
+    rows_shown.append({HEADS.get(c, c): row[c] for c in COLUMNS})
 display = pl.DataFrame(rows_shown)
-# the latency percentiles next to the hit shares, the narrow columns narrow: every column fits 1,280 px
+# the narrow columns narrow: every column fits 1,280 px
 st.dataframe(display, hide_index=True, key="comparison", column_config={
     "config": st.column_config.TextColumn(pinned=True, width="medium"),
     **{c: st.column_config.TextColumn(width="small") for c in ("DRAM", "SSD/flash", "miss", "p50", "p99", "DWPD")}})
@@ -133,7 +124,7 @@ d2.download_button("Download table (JSON)", json.dumps(_json_safe({"configs": ta
                    file_name="whatif.json", mime="application/json")
 
 st.altair_chart(frontier_chart(table).properties(width="container"))
-st.altair_chart(charts.latency(appdata.latency_table(table)))
+st.altair_chart(charts.latency(chart_data.latency_table(table)))
 st.caption("Frontier: share of prompt tokens served from flash against flash bytes written per day (wear). "
            "Latency: per-request reusable-prefix service time from the response model (restore or recompute, "
            "byte-dependent), percentiles of the per-request distribution.")
