@@ -6,11 +6,12 @@
 - :func:`run_measured`: run a command as a child process and return its wall time and
   peak resident set size (``ru_maxrss`` of that command, from ``os.wait4``).
 - :func:`best_of`: best wall time of a few in-process calls.
-- :class:`Report`: figures with their targets, printed as one Markdown table.
+- :class:`Report`: figures with their targets, printed as one Markdown table and
+  recorded (:func:`record`) in :data:`RESULTS`, from which ``benchmarks/table.py``
+  prints the README's performance table.
 
-Every figure is printed with the command that reproduces it, because the README's
-performance table quotes them; the machines are noisy, so compare ratios measured in
-one run rather than absolute seconds across runs.
+Every figure is printed with the command that reproduces it; the machines are noisy,
+so compare ratios measured in one run rather than absolute seconds across runs.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH_DIR_ENV = "KVTRACE_BENCH_DIR"
+#: The latest figures of each benchmark script (committed): ``{script: {"command": ...,
+#: "rows": [[figure, measured, target], ...]}}``, one script's rows replaced by its next run.
+RESULTS = ROOT / "benchmarks" / "results.json"
 
 
 # --------------------------------------------------------------------------- files
@@ -260,9 +264,11 @@ class Report:
         self.notes.append(text)
 
     def print(self) -> bool:
-        """Print the table, then one PASS/FAIL line per target; True when all pass."""
+        """Print the table, then one PASS/FAIL line per target; True when all pass. The
+        figures are recorded in :data:`RESULTS` (:func:`record`)."""
         print_table(self.title, ("figure", "value", "target", "status", "command"),
                     ("---", "--:", "--:", ":-:", "---"), self.rows, self.notes)
+        record(self.reproduce, [(figure, value, target) for figure, value, target, _, _ in self.rows])
         all_ok = True
         for figure, value, target, status, _ in self.rows:
             if status != "-":
@@ -270,6 +276,15 @@ class Report:
                 all_ok &= status == "PASS"
         print(f"\nreproduce: {self.reproduce}")
         return all_ok
+
+
+def record(command: str, rows: list[tuple[str, str, str]], script: str | None = None) -> None:
+    """Replace the figures of this benchmark script (``sys.argv[0]``'s file name) in
+    :data:`RESULTS` by ``rows`` of (figure, measured, target), reproduced by ``command``."""
+    script = script or Path(sys.argv[0]).name
+    results = json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+    results[script] = {"command": command, "rows": [list(r) for r in rows]}
+    RESULTS.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def print_table(title: str, head, align, rows, notes) -> None:

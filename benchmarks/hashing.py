@@ -76,7 +76,7 @@ from typing import Callable
 
 import numpy as np
 
-from common import kvtrace_argv, print_table, run_measured
+from common import kvtrace_argv, print_table, record, run_measured
 
 HASH_TARGET = 5e6  # prompt tokens per second, hashing alone, one core
 HASHES = ("sha256", "sha256_cbor")
@@ -489,6 +489,7 @@ class Table:
     def print(self) -> bool:
         print_table(self.title, ("what", "figure", "unit", "command"), ("---", "--:", "---", "---"), self.rows,
                     self.notes)
+        record(self.reproduce, [(what, f"{figure} {unit}", "-") for what, figure, unit, _ in self.rows])
         for text, ok in self.checks:
             print(f"{'PASS' if ok else 'FAIL'}: {text}")
         print(f"\nreproduce: {self.reproduce}")
