@@ -112,7 +112,7 @@ def sampled_pass(trace, ev: str, rate: float, grid: np.ndarray, first_req: int, 
     G = grid.shape[0]
     hist = np.zeros((2, n_groups, G + 2, 4), dtype=np.float64)
     sub_hist = np.zeros((2, SUBSAMPLES, G + 2, 4), dtype=np.float64)
-    spill = getattr(trace, "spill", None)  # a source that spills its columns keeps the knee keys there too
+    spill = trace.spill  # a source that spills its columns keeps the knee keys there too
     knee = _KneeKeys(Path(spill) / "sampled_keys" if spill is not None else None)
     req_ids, req_keys, req_members, req_weights = [], [], [], []
     top = 0

@@ -124,7 +124,7 @@ def whatif(
     value captured, residency, and reusable-prefix service-time percentiles.
     """
     from kvtrace.analyses.response import ResponseModel
-    from kvtrace.analyses.whatif import config_grid, has_session_ids, local_vs_shared
+    from kvtrace.analyses.whatif import config_grid, has_session_ids, local_vs_shared, trace_needs
     from kvtrace.ingest.stream import should_stream
     from kvtrace.model import resolve_gpu
 
@@ -156,14 +156,11 @@ def whatif(
     if engine == Engine.dask and stream:
         raise UsageError("--engine dask ships the trace to the workers: not with --stream", field="stream")
     streamed = engine != Engine.dask and should_stream(trace_path, fmt.value, stream)
-    if streamed:  # keep only the request columns the configurations read (O(requests) each)
-        keep = {"request_id", "session_id"} if any(c.nodes > 1 and c.routing != "round-robin"
-                                                   for c in configs) else set()
-        keep.update(c.parsed_policy.by for c in configs if c.parsed_policy.kind == "group")
-        trace = scan_streamed(trace_path, fmt, block_tokens, share_tenants,
-                              sorted({"session-length": "session_id"}.get(k, k) for k in keep))
-        if not any(c.nodes > 1 and c.routing == "prefix" for c in configs):
-            trace.block_hash = trace.block_tenant = None  # only prefix routing reads them: 12 bytes per block
+    if streamed:  # keep only what the configurations read
+        columns, hashes = trace_needs(configs)
+        trace = scan_streamed(trace_path, fmt, block_tokens, share_tenants, columns)
+        if not hashes:
+            trace.block_hash = trace.block_tenant = None
     else:
         trace = load(trace_path, fmt, block_tokens, share_tenants,
                      workload="whatif-parallel" if parallel else "whatif")
@@ -172,7 +169,7 @@ def whatif(
             warn(trace_path, "--routing session: the trace has no session ids, so each request is routed by a hash "
                  "of its own id (a session's turns land on any node, as with random routing); --routing prefix "
                  "keeps requests that share a first block on one node")
-        _whatif_run(trace_path, trace, streamed, configs, m, g, response, horizon, eviction, warmup, workers, engine,
+        _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
                     scheduler, out, plot, json_out)
 
 
@@ -184,19 +181,16 @@ def _comma_list(text: str, name: str, example: str) -> list[str]:
     return items
 
 
-def _whatif_run(trace_path, trace, streamed, configs, m, g, response, horizon, eviction, warmup, workers, engine,
+def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
                 scheduler, out, plot, json_out) -> None:
     from kvtrace.analyses.whatif import sweep
     from kvtrace.outputs import write_table
 
     values = None
     if any(c.parsed_policy.kind == "value" for c in configs):
-        from kvtrace.analyses.value import future_reuse, parse_horizon, streamed_values
+        from kvtrace.analyses.value import access_values, parse_horizon
 
-        if streamed:  # a file of one value per access, in the trace's spill directory
-            values = streamed_values(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon))
-        else:
-            values = future_reuse(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon)).value_usd
+        values = access_values(trace, model=m, gpu=g, horizon_s=parse_horizon(horizon))
     t0 = time.perf_counter()
     if engine == Engine.dask:  # one configuration per task; the table equals a one-process sweep
         from kvtrace.analyses.distributed import dask_client

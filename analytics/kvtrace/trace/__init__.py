@@ -161,6 +161,8 @@ class Trace(ChunkedSource):
         return float(ts[-1] - ts[0]) if ts.size else 0.0
 
     # the TraceSource protocol (kvtrace.trace.source)
+    spill = None  # held in memory: nothing spills
+
     def _block_reader(self):
         block = self.accesses.block
         return lambda lo, hi: block[lo:hi]

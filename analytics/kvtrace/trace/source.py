@@ -102,10 +102,25 @@ class Column:
         self.dtype = np.dtype(dtype)
         self.path = path
         self.array = np.empty(self.n, dtype=self.dtype) if path is None else None
+        self.owned = True  # made here: drop removes its file
         self._fh = None
         if path is not None:
             self._fh = open(path, "w+b")
             self._fh.truncate(self.n * self.dtype.itemsize)
+
+    @classmethod
+    def existing(cls, values: "np.ndarray | Path", dtype) -> "Column":
+        """A column whose values exist already (an array of one value per access, or a
+        file of them another pass wrote): read through ``chunks(columns=...)`` like any
+        column, never written here; :meth:`drop` leaves the file in place."""
+        col = cls.__new__(cls)
+        col.dtype, col._fh, col.owned = np.dtype(dtype), None, False
+        if isinstance(values, np.ndarray):
+            col.array, col.path, col.n = values, None, int(values.shape[0])
+        else:
+            col.array, col.path = None, Path(values)
+            col.n = col.path.stat().st_size // col.dtype.itemsize
+        return col
 
     def write(self, lo: int, values: np.ndarray) -> None:
         """Set the values of accesses ``lo..lo + len(values) - 1``."""
@@ -126,7 +141,7 @@ class Column:
         """Free the column (its array, or its file)."""
         self.close()
         self.array = None
-        if self.path is not None:
+        if self.path is not None and self.owned:
             self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> "Column":
@@ -145,6 +160,9 @@ class TraceSource(Protocol):
     block_tenant: np.ndarray
     block_size: np.ndarray
     warnings: list[str]
+    #: Directory of the source's spill files (None in memory): where a pass may keep
+    #: variable-length state of its own beside the source's columns.
+    spill: Path | None
 
     @property
     def req_start(self) -> np.ndarray: ...

@@ -543,3 +543,15 @@ def streamed_values(trace: TraceSource, *, model: ModelSpec | str | None = None,
         arguments on the same trace return the same file without a new pass.
     """
     return FutureReuseChunks.of(trace, model, gpu, horizon_s, costs).values_path(trace.spill, progress)
+
+
+def access_values(trace: TraceSource, *, model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
+                  horizon_s: float | str | None = DEFAULT_HORIZON_S, costs: StorageCosts | None = None,
+                  progress: Progress | None = None) -> np.ndarray | Path:
+    """The value of keeping each access's block, $ (the input of the ``value>=v``
+    admission policy), for any source: ``future_reuse(...).value_usd`` of a trace held in
+    memory; for a source that spills (``trace.spill``), the same values in a file there
+    (:func:`streamed_values`), so memory stays bounded."""
+    if trace.spill is not None:
+        return streamed_values(trace, model=model, gpu=gpu, horizon_s=horizon_s, costs=costs, progress=progress)
+    return future_reuse(trace, model=model, gpu=gpu, horizon_s=horizon_s, costs=costs).value_usd

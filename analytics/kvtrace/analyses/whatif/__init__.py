@@ -108,6 +108,7 @@ from kvtrace.analyses.whatif.config import (
     has_session_ids,
     local_vs_shared,
     route,
+    trace_needs,
 )
 from kvtrace.analyses.whatif.metrics import summary_table, tier_share
 from kvtrace.analyses.whatif.policy import Policy, parse_policy
@@ -117,4 +118,4 @@ from kvtrace.analyses.whatif.sweep import REPLAY_ACCESSES_PER_S, WORKER_START_S,
 __all__ = ["FLASH_ORDERS", "MAX_NODES", "PROMOTIONS", "Policy", "REPLAY_ACCESSES_PER_S", "ROUTINGS", "TierConfig",
            "WORKER_START_S", "WRITE_MODES", "WhatIfResult", "config_grid", "has_session_ids", "local_vs_shared",
            "oracle_flags", "parse_policy", "plan_workers", "route", "simulate", "summary_table", "sweep",
-           "tier_share", "values_array"]
+           "tier_share", "trace_needs", "values_array"]

@@ -237,5 +237,16 @@ def has_session_ids(trace) -> bool:
     return "session_id" in req.columns and req["session_id"].null_count() < req.height
 
 
+def trace_needs(configs: list[TierConfig]) -> tuple[list[str], bool]:
+    """What of a trace these configurations read besides the accesses: the request
+    columns (routing by session or request id, ``group:COLUMN`` policies), and whether the
+    block hashes (prefix routing). A streamed run keeps only these (O(requests) per
+    column, 12 bytes per block for the hashes and tenants)."""
+    keep = {"request_id", "session_id"} if any(c.nodes > 1 and c.routing != "round-robin" for c in configs) else set()
+    keep.update(c.parsed_policy.by for c in configs if c.parsed_policy.kind == "group")
+    columns = sorted({"session-length": "session_id"}.get(k, k) for k in keep)
+    return columns, any(c.nodes > 1 and c.routing == "prefix" for c in configs)
+
+
 __all__ = ["FLASH_ORDERS", "MAX_NODES", "PROMOTIONS", "ROUTINGS", "WRITE_MODES", "TierConfig", "config_grid",
-           "has_session_ids", "local_vs_shared", "route"]
+           "has_session_ids", "local_vs_shared", "route", "trace_needs"]

@@ -91,17 +91,6 @@ def values_array(values, n: int) -> np.ndarray | Path | None:
     return arr
 
 
-class _InputColumn(Column):
-    """A per-access column that exists already (the values of ``value>=v``: an array,
-    or a float64 file a value pass wrote): read through the source's chunks like any
-    column, never written or removed here."""
-
-    def __init__(self, n: int, values: np.ndarray | Path) -> None:
-        # not Column.__init__: that makes new storage, and these values exist already
-        self.n, self.dtype, self._fh = int(n), np.dtype(np.float64), None
-        self.array, self.path = (values, None) if isinstance(values, np.ndarray) else (None, Path(values))
-
-
 _column_ids = itertools.count()
 
 
@@ -233,7 +222,7 @@ def simulate(
     if policy.kind == "value" and vals is None:
         raise UsageError("the value>=v policy needs per-access values (kvtrace.analyses.value.future_reuse(...))",
                          field="values")
-    vals = None if vals is None else _InputColumn(trace.n_accesses, vals)
+    vals = None if vals is None else Column.existing(vals, np.float64)
     group, n_groups = None, 1
     if policy.kind == "group":
         group, labels = group_labels(trace, policy.by)
