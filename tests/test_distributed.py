@@ -25,7 +25,7 @@ from kvtrace.analyses.distributed import SerialClient, error_band, partitioned_c
 from kvtrace.analyses.distributed import sweep as dask_sweep
 from kvtrace.errors import UsageError
 from kvtrace.ingest import load_trace
-from kvtrace.kernels.densify import _mix
+from kvtrace.kernels.densify import mix_hash
 from kvtrace.kernels.partition import partition_of
 from kvtrace.analyses.whatif import TierConfig, sweep
 
@@ -69,7 +69,7 @@ def test_partition_zero_is_the_shards_sample():
     for P in (1, 2, 3, 8):
         part = partition_of(h, ns, P)
         assert part.min() >= 0 and part.max() < P
-        u = np.array([int(_mix(a, b)) >> 40 for a, b in zip(h[:2000], ns[:2000])])
+        u = np.array([int(mix_hash(a, b)) >> 40 for a, b in zip(h[:2000], ns[:2000])])
         assert_array_equal(part[:2000], (u * P) >> 24)
         assert_array_equal(part[:2000] == 0, u < (1 << 24) / P)  # SHARDS keeps u < R 2^24
         shares = np.bincount(part, minlength=P) / part.shape[0]

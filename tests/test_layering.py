@@ -132,3 +132,16 @@ def test_modules_stay_readable():
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in sorted(PKG.rglob("*.py"))
             if (n := len(p.read_text().splitlines())) > 850 and "must stay one" not in p.read_text()[:3000]]
     assert not long, "\n".join(long)
+
+
+def test_no_private_name_crosses_a_module_boundary():
+    """What one module takes from another is that module's public interface."""
+    modules = _modules()
+    crossing = []
+    for mod, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kvtrace"):
+                crossing += [f"{mod} imports {node.module}.{a.name}" for a in node.names
+                             if a.name.startswith("_") and not a.name.startswith("__")]
+    assert not crossing, "\n".join(crossing)

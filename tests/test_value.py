@@ -37,7 +37,7 @@ from kvtrace.analyses.value import (
     DEFAULT_HORIZON_S,
     QUANTILES,
     StorageCosts,
-    _weighted_quantiles,
+    weighted_quantiles,
     future_reuse,
     parse_horizon,
     value_report,
@@ -602,5 +602,5 @@ def test_weighted_quantiles_in_chunks_equal_one_cumulative_sum():
         want = {f"p{round(100 * q)}": float(x[order[min(int(np.searchsorted(cum, q * cum[-1], side="left")), n - 1)]])
                 for q in QUANTILES}
         for chunk in (1, 3, 8, n, n + 5):
-            assert _weighted_quantiles(x, w.__getitem__, int(w.sum()), QUANTILES, chunk) == want, (n, chunk)
-    assert _weighted_quantiles(np.zeros(3), np.zeros(3, np.int64).__getitem__, 0, QUANTILES)["p50"] is None
+            assert weighted_quantiles(x, w.__getitem__, int(w.sum()), QUANTILES, chunk) == want, (n, chunk)
+    assert weighted_quantiles(np.zeros(3), np.zeros(3, np.int64).__getitem__, 0, QUANTILES)["p50"] is None

@@ -55,10 +55,10 @@ class KvtraceError(Exception):
         elif self.row is not None:
             where = f"row {self.row}: "
         field = f"field '{self.field}': " if self.field else ""
-        return _printable(f"{where}{field}{self.message}")
+        return printable(f"{where}{field}{self.message}")
 
 
-def _printable(text: str) -> str:
+def printable(text: str) -> str:
     """One line whatever the message holds: control characters (a newline in a file
     name, a value quoted from the input) are escaped."""
     if text.isprintable():

@@ -453,18 +453,18 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
 
 def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
     """Write ``obj`` as indented JSON to ``path`` atomically (non-finite floats as null)."""
-    write_text_atomic(path, json.dumps(_json_safe(obj), indent=2, sort_keys=False) + "\n")
+    write_text_atomic(path, json.dumps(json_safe(obj), indent=2, sort_keys=False) + "\n")
 
 
-def _json_safe(obj: object) -> object:
+def json_safe(obj: object) -> object:
     if isinstance(obj, float):
         return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):  # numpy scalars
-        return _json_safe(obj.item())
+        return json_safe(obj.item())
     return obj
 
 
@@ -496,14 +496,14 @@ def write_table(df: pl.DataFrame, path: str | os.PathLike, metadata: dict | None
             table = df.to_arrow()
             if metadata is not None:
                 md = dict(table.schema.metadata or {})
-                md[b"kvtrace"] = json.dumps(_json_safe(metadata), sort_keys=True).encode()
+                md[b"kvtrace"] = json.dumps(json_safe(metadata), sort_keys=True).encode()
                 table = table.replace_schema_metadata(md)
             pq.write_table(table, tmp, compression="zstd")
         elif fmt == "csv":
             df.write_csv(tmp)
         else:
             payload = {"metadata": metadata or {}, "rows": df.to_dicts()}
-            tmp.write_text(json.dumps(_json_safe(payload), indent=1) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(json_safe(payload), indent=1) + "\n", encoding="utf-8")
 
 
 def write_table_chunks(frames: Iterable[pl.DataFrame], path: str | os.PathLike, metadata: dict | None = None) -> None:
@@ -527,7 +527,7 @@ def write_table_chunks(frames: Iterable[pl.DataFrame], path: str | os.PathLike, 
                     if writer is None:
                         md = dict(table.schema.metadata or {})
                         if metadata is not None:
-                            md[b"kvtrace"] = json.dumps(_json_safe(metadata), sort_keys=True).encode()
+                            md[b"kvtrace"] = json.dumps(json_safe(metadata), sort_keys=True).encode()
                         writer = pq.ParquetWriter(tmp, table.schema.with_metadata(md), compression="zstd")
                     writer.write_table(table.replace_schema_metadata(writer.schema.metadata))
                 if writer is None:
@@ -540,12 +540,12 @@ def write_table_chunks(frames: Iterable[pl.DataFrame], path: str | os.PathLike, 
                 for i, df in enumerate(frames):
                     df.write_csv(fh, include_header=i == 0)
         else:
-            head = json.dumps(_json_safe({"metadata": metadata or {}}), indent=1)
+            head = json.dumps(json_safe({"metadata": metadata or {}}), indent=1)
             with open(tmp, "w", encoding="utf-8") as fh:
                 fh.write(head[:-2] + ',\n "rows": [')  # json.dumps(..., indent=1) of the whole payload
                 sep = "\n"
                 for df in frames:
                     for row in df.to_dicts():
-                        fh.write(sep + "\n".join("  " + ln for ln in json.dumps(_json_safe(row), indent=1).split("\n")))
+                        fh.write(sep + "\n".join("  " + ln for ln in json.dumps(json_safe(row), indent=1).split("\n")))
                         sep = ",\n"
                 fh.write("]\n}\n" if sep == "\n" else "\n ]\n}\n")

@@ -55,9 +55,9 @@ def report_written(outputs) -> None:
 
 def write_json(path: str, obj) -> None:
     """``obj`` as indented JSON to ``path``, atomically, or to standard output for ``-``."""
-    from kvtrace.outputs import _json_safe, write_json_atomic
+    from kvtrace.outputs import json_safe, write_json_atomic
 
     if path == "-":
-        sys.stdout.write(json.dumps(_json_safe(obj), indent=2) + "\n")
+        sys.stdout.write(json.dumps(json_safe(obj), indent=2) + "\n")
     else:
         write_json_atomic(path, obj)

@@ -12,7 +12,7 @@ import typer
 import typer.core
 
 from kvtrace.cli.console import err_console
-from kvtrace.errors import KvtraceError, UsageError, _printable
+from kvtrace.errors import KvtraceError, UsageError, printable
 
 #: set by the ``--debug`` option of the main callback
 state = {"debug": False}
@@ -109,7 +109,7 @@ def handles_errors(fn: Callable) -> Callable:
         except MemoryError:
             if state["debug"]:
                 raise
-            err_console.print(f"kvtrace: error: {_printable(_out_of_memory(fn.__name__, kwargs))}", markup=False,
+            err_console.print(f"kvtrace: error: {printable(_out_of_memory(fn.__name__, kwargs))}", markup=False,
                               soft_wrap=True)
             raise typer.Exit(1) from None
         except OSError as exc:

@@ -56,7 +56,7 @@ import polars as pl
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.trace import Trace, TraceMeta
 from kvtrace.ingest.chat_template import ChatTokenizer, TemplateFailure, load_chat_tokenizer
-from kvtrace.ingest.tokens import TokenFields, TokenLog, _open_binary, _Reader, _short
+from kvtrace.ingest.tokens import TokenFields, TokenLog, open_binary, TokenLogReader, short_text
 from kvtrace.ingest.vllm_hash import MAX_TOKEN_ID, HashSpec
 
 FORMAT = "openai"
@@ -129,7 +129,7 @@ class _ChatReader:
         self.id_field: str | None = None
         self.synthetic: bool | None = None  # decided by the first record
         self.records = 0
-        self.reader: _Reader | None = None
+        self.reader: TokenLogReader | None = None
         self.sources = {"measured": 0, "max_completion_tokens": 0, "max_tokens": 0, "none": 0}
 
     def fail(self, message: str, line: int, name: str | None = None) -> KvtraceError:
@@ -143,7 +143,7 @@ class _ChatReader:
             url = rec.get("url")
             kind = BATCH_URLS.get(url)
             if kind is None:
-                raise self.fail(f"Batch API url {_short(url)}: expected one of {', '.join(BATCH_URLS)}", line,
+                raise self.fail(f"Batch API url {short_text(url)}: expected one of {', '.join(BATCH_URLS)}", line,
                                 "url")
             return rec["body"], kind, rec
         for name in f.body:
@@ -168,17 +168,17 @@ class _ChatReader:
             raise self.fail(f"missing (required): expected a timestamp, as the first request has "
                             f"'{self.time_field}'", line, self.time_field)
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise self.fail(f"expected a number or an ISO-8601 string, got {_short(value)}", line, self.time_field)
+            raise self.fail(f"expected a number or an ISO-8601 string, got {short_text(value)}", line, self.time_field)
         return value
 
     def messages(self, body: dict, line: int) -> list:
         msgs = body.get("messages")
         if not isinstance(msgs, list) or not msgs:
-            raise self.fail(f"expected a non-empty list of messages, got {_short(msgs)}", line, "messages")
+            raise self.fail(f"expected a non-empty list of messages, got {short_text(msgs)}", line, "messages")
         for i, m in enumerate(msgs):
             where = f"messages[{i}]"
             if not isinstance(m, dict):
-                raise self.fail(f"expected a message object, got {_short(m)}", line, where)
+                raise self.fail(f"expected a message object, got {short_text(m)}", line, where)
             if not isinstance(m.get("role"), str):
                 raise self.fail("missing (required): expected a role (system, user, assistant, tool, ...)", line,
                                 f"{where}.role")
@@ -186,20 +186,20 @@ class _ChatReader:
             if content is None or isinstance(content, str):
                 continue
             if not isinstance(content, list):
-                raise self.fail(f"expected a string or a list of content parts, got {_short(content)}", line,
+                raise self.fail(f"expected a string or a list of content parts, got {short_text(content)}", line,
                                 f"{where}.content")
             for j, part in enumerate(content):
                 pw = f"{where}.content[{j}]"
                 kind = part.get("type") if isinstance(part, dict) else None
                 if kind in _TEXT_PARTS:
                     if not isinstance(part.get("text"), str):
-                        raise self.fail(f"expected the part's text as a string, got {_short(part.get('text'))}",
+                        raise self.fail(f"expected the part's text as a string, got {short_text(part.get('text'))}",
                                         line, f"{pw}.text")
                     continue
                 if not isinstance(part, dict):
-                    raise self.fail(f"expected a content part object, got {_short(part)}", line, pw)
+                    raise self.fail(f"expected a content part object, got {short_text(part)}", line, pw)
                 what = "images are" if "image" in str(kind) else f"'{kind}' parts are"
-                raise self.fail(f"content part of type {_short(kind)}: {what} not supported (only text: other "
+                raise self.fail(f"content part of type {short_text(kind)}: {what} not supported (only text: other "
                                 "parts become model-specific placeholder tokens and multimodal block keys)",
                                 line, f"{pw}.type")
         return msgs
@@ -208,15 +208,15 @@ class _ChatReader:
         msgs = self.messages(body, line)
         tools = body.get("tools")
         if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
-            raise self.fail(f"expected a list of tool objects, got {_short(tools)}", line, "tools")
+            raise self.fail(f"expected a list of tool objects, got {short_text(tools)}", line, "tools")
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
-            raise self.fail(f"expected an object, got {_short(kwargs)}", line, "chat_template_kwargs")
+            raise self.fail(f"expected an object, got {short_text(kwargs)}", line, "chat_template_kwargs")
         gen = body.get("add_generation_prompt", True)
         cont = body.get("continue_final_message", False)
         for name, v in (("add_generation_prompt", gen), ("continue_final_message", cont)):
             if not isinstance(v, bool):
-                raise self.fail(f"expected true or false, got {_short(v)}", line, name)
+                raise self.fail(f"expected true or false, got {short_text(v)}", line, name)
         if gen and cont:
             raise self.fail("continue_final_message needs add_generation_prompt false (vLLM and transformers "
                             "refuse both)", line, "continue_final_message")
@@ -239,7 +239,7 @@ class _ChatReader:
         if isinstance(p, list) and p and all(isinstance(x, str) or is_ids(x) for x in p):
             return list(p)
         raise self.fail(f"expected a string, a list of strings, or non-empty lists of token ids in [0, 2^31 - 1], "
-                        f"got {_short(p)}", line, "prompt")
+                        f"got {short_text(p)}", line, "prompt")
 
     def output_tokens(self, body: dict, wrapper: dict, line: int) -> int:
         f = self.fields
@@ -253,14 +253,14 @@ class _ChatReader:
                     break
         if v is not None:
             if not _is_count(v):
-                raise self.fail(f"expected a non-negative integer (tokens), got {_short(v)}", line, name)
+                raise self.fail(f"expected a non-negative integer (tokens), got {short_text(v)}", line, name)
             self.sources["measured"] += 1
             return v
         for name in ("max_completion_tokens", "max_tokens"):
             v = body.get(name)
             if v is not None:
                 if not _is_count(v):
-                    raise self.fail(f"expected a non-negative integer (tokens), got {_short(v)}", line, name)
+                    raise self.fail(f"expected a non-negative integer (tokens), got {short_text(v)}", line, name)
                 self.sources[name] += 1
                 return v
         self.sources["none"] += 1
@@ -270,7 +270,7 @@ class _ChatReader:
         v = rec.get(name)
         if v is None or isinstance(v, str):
             return v
-        raise self.fail(f"expected a string, got {_short(v)}", line, name)
+        raise self.fail(f"expected a string, got {short_text(v)}", line, name)
 
     @staticmethod
     def ident(v):
@@ -288,7 +288,7 @@ class _ChatReader:
             ts = self.timestamp(wrapper, line)
             special = body.get("add_special_tokens", kind == "completions")
             if not isinstance(special, bool):
-                raise self.fail(f"expected true or false, got {_short(special)}", line, "add_special_tokens")
+                raise self.fail(f"expected true or false, got {short_text(special)}", line, "add_special_tokens")
             if kind == "chat":
                 texts[special].append(self.render(body, line))
                 items = [("text", special, len(texts[special]) - 1, "messages")]
@@ -360,7 +360,7 @@ class _ChatReader:
         if self.reader is None:
             tf = TokenFields(timestamp=self.time_field or "timestamp", request_id=self.id_field)
             unit = "s" if self.synthetic else self.time_unit
-            self.reader = _Reader(self.path, "jsonl", tf, self.spec, unit, MAX_TOKEN_ID)
+            self.reader = TokenLogReader(self.path, "jsonl", tf, self.spec, unit, MAX_TOKEN_ID)
             if self.synthetic:
                 self.reader.note = ("no timestamps in the log (Batch API input or bare request bodies): requests "
                                     "placed 1 s apart in line order")
@@ -370,7 +370,7 @@ class _ChatReader:
         else:
             for v, line in zip(ts, rows["line"]):
                 if isinstance(v, str):
-                    raise self.fail(f"expected a number like the lines before, got {_short(v)}", line,
+                    raise self.fail(f"expected a number like the lines before, got {short_text(v)}", line,
                                     self.time_field)
             tcol = pl.Series(ts, dtype=pl.Float64)
         df = pl.DataFrame({
@@ -410,7 +410,7 @@ def _id_column(values: list) -> pl.Series:
 
 
 def _records(path: str, rows: int) -> Iterator[list[tuple[int, dict]]]:
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         chunk: list[tuple[int, dict]] = []
         for lineno, line in enumerate(fh, start=1):
             if lineno == 1 and line.startswith(b"\xef\xbb\xbf"):

@@ -32,7 +32,8 @@ import polars as pl
 from kvtrace.errors import KvtraceError
 from kvtrace.trace import REQUEST_SCHEMA, TraceMeta
 from kvtrace.ingest.canonical import conform, prepare_requests, read_metadata
-from kvtrace.ingest.tabular import ALIASES, LIST_COLUMNS, _cast_column, _find, _seconds, from_generic, source_names
+from kvtrace.ingest.tabular import (ALIASES, LIST_COLUMNS, cast_column, column_named, from_generic, source_names,
+                                    to_seconds)
 
 #: Columns a chunk carries by default (the rest of the canonical schema is left out).
 CORE_COLUMNS = ("timestamp", "input_tokens", "block_ids", "tenant")
@@ -102,7 +103,7 @@ class ParquetRequests:
                 )
             self.list_column = "block_ids"
         else:
-            self.list_column = _find(names, LIST_COLUMNS)
+            self.list_column = column_named(names, LIST_COLUMNS)
             if self.list_column is None:
                 raise KvtraceError(
                     "a chunked read needs a request table with a list column of block hashes "
@@ -212,11 +213,11 @@ class ParquetRequests:
         rows = int(self.row_offsets[g + 1]) - row0
         source = None
         if name == "timestamp":
-            source = _find(self.columns, ALIASES["timestamp_ms"])
+            source = column_named(self.columns, ALIASES["timestamp_ms"])
             per_second = 1000.0 if source is not None else 1.0
-            source = source or _find(self.columns, ALIASES["timestamp"])
+            source = source or column_named(self.columns, ALIASES["timestamp"])
         else:
-            source = _find(self.columns, ALIASES[name])
+            source = column_named(self.columns, ALIASES[name])
         if source is None:  # from_generic's own message (no timestamp column), or no tenants
             if name == "timestamp":
                 import pyarrow as pa
@@ -233,8 +234,8 @@ class ParquetRequests:
             return {"path": self.path, "row": row0 + row}
 
         if name == "timestamp":
-            return _seconds(col, source, per_second, where)
-        return _cast_column(col, source, REQUEST_SCHEMA[name], where)
+            return to_seconds(col, source, per_second, where)
+        return cast_column(col, source, REQUEST_SCHEMA[name], where)
 
     def _canonical(self, df: pl.DataFrame, row0: int, columns: Sequence[str] | None) -> pl.DataFrame:
         if not self.canonical:
@@ -244,7 +245,7 @@ class ParquetRequests:
                 if exc.row is None or not row0:
                     raise
                 raise KvtraceError(exc.message, path=exc.path, row=exc.row + row0, field=exc.field) from None
-            if _find(self.columns, ALIASES["request_id"]) is None:  # row numbers, as in memory
+            if column_named(self.columns, ALIASES["request_id"]) is None:  # row numbers, as in memory
                 df = df.with_columns(pl.col("request_id") + row0)
         df = conform(df)
         return df if columns is None else df.select(list(columns))

@@ -60,7 +60,7 @@ from kvtrace.ingest.chunks import ChunkInfo, ParquetRequests, chunk_accesses
 from kvtrace.kernels.densify import densify
 from kvtrace.trace import TraceMeta, source
 from kvtrace.trace.budget import MEMORY_BUDGET_ENV
-from kvtrace.trace.source import (AccessChunk, ChunkedSource, Column, _FileReader,  # noqa: F401 (re-exported)
+from kvtrace.trace.source import (AccessChunk, ChunkedSource, Column, FileReader,  # noqa: F401 (re-exported)
                                   read_exact, request_chunks)
 
 #: Peak resident bytes per block access of an in-memory ``kvtrace curve`` (the README's
@@ -260,7 +260,7 @@ class StreamedTrace(ChunkedSource):
         return self._req_start
 
     def _block_reader(self):
-        return _FileReader(self.spill / "blocks", _ID_DTYPE)
+        return FileReader(self.spill / "blocks", _ID_DTYPE)
 
     def _last_block_tokens(self) -> np.ndarray:
         return self._last_tokens

@@ -43,7 +43,7 @@ ACCESS_POS = ("pos", "position", "block_index", "idx")
 ACCESS_HASH = ("hash_id", "hash", "block_hash", "block_id", "block")
 
 
-def _find(columns: list[str], names: tuple[str, ...]) -> str | None:
+def column_named(columns: list[str], names: tuple[str, ...]) -> str | None:
     lower = {c.lower(): c for c in columns}
     for n in names:
         if n in lower:
@@ -55,13 +55,13 @@ def source_names(columns: list[str]) -> dict[str, str]:
     """canonical column -> the generic table's column it is read from (for messages)."""
     out = {}
     for name, aliases in ALIASES.items():
-        c = _find(columns, aliases)
+        c = column_named(columns, aliases)
         if c is not None and name != "timestamp_ms":
             out[name] = c
-    ms = _find(columns, ALIASES["timestamp_ms"])
+    ms = column_named(columns, ALIASES["timestamp_ms"])
     if ms is not None:
         out["timestamp"] = ms
-    lst = _find(columns, LIST_COLUMNS)
+    lst = column_named(columns, LIST_COLUMNS)
     if lst is not None:
         out["block_ids"] = lst
     return out
@@ -190,10 +190,10 @@ def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None
     can name it. Bad values are errors naming the row (the line, in CSV) and column.
     """
     cols = df.columns
-    list_col = _find(cols, LIST_COLUMNS)
-    hash_col = _find(cols, ACCESS_HASH)
-    pos_col = _find(cols, ACCESS_POS)
-    req_col = _find(cols, ALIASES["request_id"])
+    list_col = column_named(cols, LIST_COLUMNS)
+    hash_col = column_named(cols, ACCESS_HASH)
+    pos_col = column_named(cols, ACCESS_POS)
+    req_col = column_named(cols, ALIASES["request_id"])
     line0 = 2 if fmt == "csv" else None  # the header is line 1
 
     def where(row: int) -> dict:
@@ -224,18 +224,19 @@ def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None
             "generic tables do not say their block size: pass --block-tokens N", path=path, field="block_tokens"
         )
     out: dict[str, pl.Series] = {"block_ids": df[list_col].cast(pl.List(pl.UInt64))}
-    ts_ms = _find(cols, ALIASES["timestamp_ms"])
-    ts = _find(cols, ALIASES["timestamp"])
+    ts_ms = column_named(cols, ALIASES["timestamp_ms"])
+    ts = column_named(cols, ALIASES["timestamp"])
     if ts_ms is not None:
-        out["timestamp"] = _seconds(df[ts_ms], ts_ms, 1000.0, where)
+        out["timestamp"] = to_seconds(df[ts_ms], ts_ms, 1000.0, where)
     elif ts is not None:
-        out["timestamp"] = _seconds(df[ts], ts, 1.0, where)
+        out["timestamp"] = to_seconds(df[ts], ts, 1.0, where)
     else:
         raise KvtraceError("no timestamp column (timestamp, ts, time or timestamp_ms)", path=path, field="timestamp")
     for name in ("request_id", "session_id", "parent_id", "turn", "type", "tenant", "input_tokens", "output_tokens"):
-        c = _find(df.columns, ALIASES[name]) if name != "request_id" else (req_col if req_col in df.columns else None)
+        c = (column_named(df.columns, ALIASES[name]) if name != "request_id"
+             else (req_col if req_col in df.columns else None))
         if c is not None:
-            out[name] = _cast_column(df[c], c, REQUEST_SCHEMA[name], where)
+            out[name] = cast_column(df[c], c, REQUEST_SCHEMA[name], where)
     n = df.height
     if "input_tokens" not in out:
         out["input_tokens"] = df[list_col].list.len().cast(pl.Int64) * int(block_tokens)
@@ -280,7 +281,7 @@ def _check_hash_lists(col: pl.Series, name: str, where) -> None:
                                    **where(row))
 
 
-def _seconds(col: pl.Series, name: str, per_second: float, where) -> pl.Series:
+def to_seconds(col: pl.Series, name: str, per_second: float, where) -> pl.Series:
     """A timestamp column -> float64 seconds (a datetime counts from the Unix epoch)."""
     dt = col.dtype
     if dt == pl.Boolean:
@@ -291,14 +292,14 @@ def _seconds(col: pl.Series, name: str, per_second: float, where) -> pl.Series:
         return pl.Series("timestamp", col.dt.total_nanoseconds().cast(pl.Float64).to_numpy() / 1e9)
     if dt == pl.Date:
         return pl.Series("timestamp", col.cast(pl.Int64).cast(pl.Float64).to_numpy() * 86400.0)
-    values = _cast_column(col, name, pl.Float64, where, what="numbers" + (" (milliseconds)" if per_second != 1 else ""))
+    values = cast_column(col, name, pl.Float64, where, what="numbers" + (" (milliseconds)" if per_second != 1 else ""))
     if per_second == 1.0:
         return values
     # numpy's division is correctly rounded; Polars' multiplies by 1/1000 (71 ms -> 0.07100000000000001 s)
     return pl.Series("timestamp", values.to_numpy() / per_second)
 
 
-def _cast_column(col: pl.Series, name: str, dtype, where, what: str | None = None) -> pl.Series:
+def cast_column(col: pl.Series, name: str, dtype, where, what: str | None = None) -> pl.Series:
     """``col`` cast to ``dtype``, or an error naming the first value that does not fit.
 
     Unlike Polars' casts, a float is only an integer when it is whole (10.0, not 10.5)."""
@@ -337,10 +338,10 @@ def _collapse_accesses(df: pl.DataFrame, path: str, req: str, pos: str, hsh: str
 
     ``__row`` keeps each request's first source row. Two rows for the same position of
     a request are an error naming both; missing positions are a warning."""
-    hashes = _cast_column(df[hsh], hsh, pl.UInt64, where, what="integer hashes in [0, 2^64)")
+    hashes = cast_column(df[hsh], hsh, pl.UInt64, where, what="integer hashes in [0, 2^64)")
     if hashes.null_count():
         raise KvtraceError("missing value (required)", field=hsh, **where(_first(hashes.is_null())))
-    positions = _cast_column(df[pos], pos, pl.Int64, where, what="integer positions")
+    positions = cast_column(df[pos], pos, pl.Int64, where, what="integer positions")
     if positions.null_count() or (positions < 0).any():
         row = _first(positions.is_null() | (positions < 0))
         raise KvtraceError(f"expected a position >= 0, got {positions[row]}", field=pos, **where(row))

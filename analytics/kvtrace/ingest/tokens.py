@@ -124,7 +124,7 @@ def detect_kind(path: str | os.PathLike) -> str:
     return "jsonl"
 
 
-class _Reader:
+class TokenLogReader:
     """State carried across chunks: the time unit, id codes, locations."""
 
     def __init__(self, path: str, kind: str, fields: TokenFields, spec: HashSpec, time_unit: str,
@@ -205,7 +205,7 @@ class _Reader:
         dt = col.dtype
         if not isinstance(dt, pl.List) or not (dt.inner.is_integer() or dt.inner == pl.Null):
             bad = int(col.is_not_null().arg_true()[0]) if col.is_not_null().any() else 0
-            raise KvtraceError(f"expected a list of integer token ids, got {_short(col[bad])}", field=name,
+            raise KvtraceError(f"expected a list of integer token ids, got {short_text(col[bad])}", field=name,
                                **at(bad))
         nulls = col.is_null()
         if nulls.any():
@@ -233,7 +233,7 @@ class _Reader:
         bad = (split.list.len() != cast.list.eval(pl.element().is_not_null().sum()).list.first()) & col.is_not_null()
         if bad.any():
             i = int(bad.arg_true()[0])
-            raise KvtraceError(f"expected a list of integer token ids, got {_short(col[i])}",
+            raise KvtraceError(f"expected a list of integer token ids, got {short_text(col[i])}",
                                field=self.fields.tokens, **at(i))
         return cast
 
@@ -247,7 +247,7 @@ class _Reader:
             if col.dtype.is_integer():
                 return col.cast(pl.String)
             bad = int(col.is_not_null().arg_true()[0])
-            raise KvtraceError(f"expected a string, got {_short(col[bad])}", field=name, **at(bad))
+            raise KvtraceError(f"expected a string, got {short_text(col[bad])}", field=name, **at(bad))
         return col
 
     def _counts(self, col: pl.Series, name: str, at) -> pl.Series:
@@ -259,7 +259,8 @@ class _Reader:
         bad = (loose.is_null() & col.is_not_null()) | (loose < 0).fill_null(False)
         if bad.any() or col.dtype == pl.Boolean:
             i = int(bad.arg_true()[0]) if bad.any() else 0
-            raise KvtraceError(f"expected a non-negative integer (tokens), got {_short(col[i])}", field=name, **at(i))
+            raise KvtraceError(f"expected a non-negative integer (tokens), got {short_text(col[i])}", field=name,
+                               **at(i))
         return loose.fill_null(0)
 
     def _ids(self, col: pl.Series, name: str, source: str, at) -> pl.Series:
@@ -279,7 +280,7 @@ class _Reader:
             out = [None if v is None else codes.setdefault(v, len(codes)) for v in col.to_list()]
             return pl.Series(out, dtype=pl.Int64)
         bad = int(col.is_not_null().arg_true()[0])
-        raise KvtraceError(f"expected an integer or string id, got {_short(col[bad])}", field=source, **at(bad))
+        raise KvtraceError(f"expected an integer or string id, got {short_text(col[bad])}", field=source, **at(bad))
 
     def _timestamps(self, col: pl.Series, name: str, at) -> pl.Series:
         nulls = col.is_null()
@@ -297,11 +298,12 @@ class _Reader:
                 return pl.Series(_iso_seconds(col, name, at))
             if num.is_null().any():  # numbers written as text (CSV), or a mix
                 i = int(num.is_null().arg_true()[0])
-                raise KvtraceError(f"expected a number like the rows before, got {_short(col[i])}", field=name,
+                raise KvtraceError(f"expected a number like the rows before, got {short_text(col[i])}", field=name,
                                    **at(i))
             col = num
         if col.dtype == pl.Boolean or not col.dtype.is_numeric():
-            raise KvtraceError(f"expected a number or an ISO-8601 string, got {_short(col[0])}", field=name, **at(0))
+            raise KvtraceError(f"expected a number or an ISO-8601 string, got {short_text(col[0])}", field=name,
+                               **at(0))
         values = col.cast(pl.Float64).to_numpy()
         bad = ~np.isfinite(values)
         if bad.any():
@@ -347,7 +349,7 @@ def _iso_seconds(col: pl.Series, name: str, at) -> np.ndarray:
         try:
             d = datetime.fromisoformat(text.strip())
         except (ValueError, AttributeError):
-            raise KvtraceError(f"expected a number or an ISO-8601 date-time, got {_short(text)}", field=name,
+            raise KvtraceError(f"expected a number or an ISO-8601 date-time, got {short_text(text)}", field=name,
                                **at(i)) from None
         if d.tzinfo is None:
             d = d.replace(tzinfo=timezone.utc)
@@ -363,14 +365,14 @@ def _list_column(ids: np.ndarray, bstarts: np.ndarray) -> pl.Series:
     return pl.Series("block_ids", pl.from_arrow(arr)).cast(pl.List(pl.UInt64))
 
 
-def _short(v, limit: int = 60) -> str:
+def short_text(v, limit: int = 60) -> str:
     text = repr(v)
     return text if len(text) <= limit else text[:limit] + "..."
 
 
 # -- raw chunk readers: (DataFrame of the file's columns, 1-based lines or None) -------
 
-def _open_binary(path: str):
+def open_binary(path: str):
     with open(path, "rb") as fh:
         magic = fh.read(4)
     if magic[:2] == b"\x1f\x8b":
@@ -386,7 +388,7 @@ def _open_binary(path: str):
 
 
 def _jsonl_chunks(path: str, fields: TokenFields, rows: int) -> Iterator[tuple[pl.DataFrame, np.ndarray]]:
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         lines: list[bytes] = []
         where: list[int] = []
         for lineno, line in enumerate(fh, start=1):
@@ -436,11 +438,11 @@ def _scan_jsonl(path: str, lines: list[bytes], where: list[int], fields: TokenFi
             return KvtraceError("missing (required): expected a list of prompt token ids", path=path, line=lineno,
                                 field=fields.tokens)
         if not isinstance(toks, list):
-            return KvtraceError(f"expected a list of integer token ids, got {_short(toks)}", path=path,
+            return KvtraceError(f"expected a list of integer token ids, got {short_text(toks)}", path=path,
                                 line=lineno, field=fields.tokens)
         for v in toks:
             if isinstance(v, bool) or not isinstance(v, int):
-                return KvtraceError(f"expected integer token ids, got {_short(v)}", path=path, line=lineno,
+                return KvtraceError(f"expected integer token ids, got {short_text(v)}", path=path, line=lineno,
                                     field=fields.tokens)
     return None
 
@@ -496,7 +498,7 @@ def iter_token_chunks(path: str | os.PathLike, *, kind: str = "auto", fields: To
     readers = {"jsonl": _jsonl_chunks, "parquet": _parquet_chunks, "csv": _csv_chunks}
     if kind not in readers:
         raise UsageError(f"unknown token-log kind '{kind}': expected jsonl, parquet or csv", field="format")
-    state = _Reader(p, kind, fields, spec, time_unit, max_token_id)
+    state = TokenLogReader(p, kind, fields, spec, time_unit, max_token_id)
     if _state is not None:
         _state.append(state)
     for raw, loc in readers[kind](p, fields, chunk_rows):

@@ -30,7 +30,7 @@ MAX_BLOCKS = int(np.iinfo(np.int32).max)
 
 
 @njit(**NJIT)
-def _mix(h, ns):
+def mix_hash(h, ns):
     # splitmix64 finaliser over the hash xor'ed with a spread namespace code
     x = h ^ (np.uint64(ns + 1) * np.uint64(0x9E3779B97F4A7C15))
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -99,7 +99,7 @@ class DensifyState:
 def _rehash(block_hash, block_ns, n_blocks, slot_hash, slot_ns, slot_id):
     mask = np.uint64(slot_id.shape[0] - 1)
     for i in range(n_blocks):
-        j = _mix(block_hash[i], block_ns[i]) & mask
+        j = mix_hash(block_hash[i], block_ns[i]) & mask
         while slot_id[j] != _EMPTY:
             j = (j + np.uint64(1)) & mask
         slot_hash[j] = block_hash[i]
@@ -120,7 +120,7 @@ def densify_chunk(hashes, ns, tokens, slot_hash, slot_ns, slot_id, block_hash, b
     for t in range(hashes.shape[0]):
         h = hashes[t]
         k = ns[t]
-        j = _mix(h, k) & mask
+        j = mix_hash(h, k) & mask
         while True:
             i = slot_id[j]
             if i == _EMPTY:

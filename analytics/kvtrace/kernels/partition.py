@@ -2,7 +2,7 @@
 
 Block ``(hash, namespace)`` goes to partition ``floor(u * P / 2^24)`` where ``u`` is
 the top 24 bits of the same splitmix64 mix that keys dense ids and the SHARDS sample
-(:func:`kvtrace.kernels.densify._mix`). Partition 0 therefore holds exactly the blocks
+(:func:`kvtrace.kernels.densify.mix_hash`). Partition 0 therefore holds exactly the blocks
 a SHARDS sample at rate 1/P keeps (``u < 2^24 / P``), and every partition is such a
 sample of another slice of the key space: disjoint, covering every block, each block
 with all of its accesses.
@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels.densify import _mix
+from kvtrace.kernels.densify import mix_hash
 
 
 @njit(**NJIT)
@@ -22,7 +22,7 @@ def partition_of(hashes, ns, n_parts):
     """int32 partition 0..n_parts-1 of each access's block (see the module docstring)."""
     out = np.empty(hashes.shape[0], dtype=np.int32)
     for t in range(hashes.shape[0]):
-        u = _mix(hashes[t], ns[t]) >> np.uint64(40)
+        u = mix_hash(hashes[t], ns[t]) >> np.uint64(40)
         out[t] = np.int32((u * np.uint64(n_parts)) >> np.uint64(24))
     return out
 

@@ -49,8 +49,8 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT, NJIT_INLINE
-from kvtrace.kernels.densify import _mix  # the same (hash, namespace) mix keys the sample
-from kvtrace.kernels.stackdist import _CACHE_SLOT, _NEXT_SLOT, _SHIFT, _TOTAL, StackState, _compact, _prefix
+from kvtrace.kernels.densify import mix_hash  # the same (hash, namespace) mix keys the sample
+from kvtrace.kernels.stackdist import CACHE_SLOT, NEXT_SLOT, SHIFT, TOTAL, StackState, compact_slots, prefix_of
 
 #: Most heavy blocks tracked exactly (each query scans them).
 MAX_HEAVY = 64
@@ -83,7 +83,7 @@ def _heavy_phases(block_hash, block_tenant, heavy_blocks, stride):
     out = np.empty(heavy_blocks.shape[0], dtype=np.int64)
     for h in range(heavy_blocks.shape[0]):
         b = heavy_blocks[h]
-        out[h] = np.int64(_mix(block_hash[b], block_tenant[b]) & np.uint64(0xFFFFFFFF)) % stride
+        out[h] = np.int64(mix_hash(block_hash[b], block_tenant[b]) & np.uint64(0xFFFFFFFF)) % stride
     return out
 
 
@@ -126,7 +126,7 @@ def tracked_blocks(block_hash, block_tenant, heavy_blocks, threshold):
     for w in range(n_words):
         acc = np.uint64(0)
         for i in range(w << 6, min(M, (w + 1) << 6)):
-            keep = (_mix(block_hash[i], block_tenant[i]) >> np.uint64(40)) < threshold
+            keep = (mix_hash(block_hash[i], block_tenant[i]) >> np.uint64(40)) < threshold
             acc |= np.uint64(keep) << np.uint64(i & 63)
         words[w] = acc
     for h in range(heavy_blocks.shape[0]):
@@ -214,20 +214,20 @@ def _estimate(h_self, c, sz, p, heavy_last, heavy_size, tree, offsets, slot_size
     for h in range(heavy_last.shape[0]):
         if h != h_self and heavy_last[h] > p:
             heavy_term += heavy_size[h]
-    total = scalars[_TOTAL]
+    total = scalars[TOTAL]
     if h_self < 0:
         # the sampled blocks above c's own slot (its size is added exactly below)
-        sampled_term = total - _prefix(tree, offsets, slot_size, last_slot[c], total)
+        sampled_term = total - prefix_of(tree, offsets, slot_size, last_slot[c], total)
     else:
         lo = 0
-        hi = scalars[_NEXT_SLOT]
+        hi = scalars[NEXT_SLOT]
         while lo < hi:  # first slot touched after p
             mid = (lo + hi) >> 1
             if slot_time[mid] <= p:
                 lo = mid + 1
             else:
                 hi = mid
-        sampled_term = total if lo == 0 else total - _prefix(tree, offsets, slot_size, lo - 1, total)
+        sampled_term = total if lo == 0 else total - prefix_of(tree, offsets, slot_size, lo - 1, total)
     return np.float64(sz + heavy_term) + np.float64(sampled_term) * inv_rate
 
 
@@ -237,23 +237,23 @@ def _touch_sampled(t, r, c, sz, clock, last_time, last_at, last_req,
     """Touch sampled block ``c`` (its tracked index; ``sz`` tokens) at access ``t`` of
     request ``r``, time ``clock``. Heavy blocks are touched by the caller: three stores,
     kept out of this call because they are most of the touches."""
-    if scalars[_NEXT_SLOT] == slot_block.shape[0]:
-        _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
+    if scalars[NEXT_SLOT] == slot_block.shape[0]:
+        compact_slots(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars)
     s = last_slot[c]
     top = offsets.shape[0] - 1
     if s >= 0:
         i = s
         for level in range(1, top):
-            i >>= _SHIFT
+            i >>= SHIFT
             tree[offsets[level] + i] -= sz
         slot_block[s] = -1
         slot_size[s] = 0
     else:
-        scalars[_TOTAL] += sz
-    new = scalars[_NEXT_SLOT]
+        scalars[TOTAL] += sz
+    new = scalars[NEXT_SLOT]
     i = new
     for level in range(1, top):
-        i >>= _SHIFT
+        i >>= SHIFT
         tree[offsets[level] + i] += sz
     slot_block[new] = c
     slot_size[new] = sz
@@ -262,7 +262,7 @@ def _touch_sampled(t, r, c, sz, clock, last_time, last_at, last_req,
     last_time[c] = clock
     last_at[c] = t
     last_req[c] = r
-    scalars[_NEXT_SLOT] = new + 1
+    scalars[NEXT_SLOT] = new + 1
 
 
 @njit(**NJIT)
@@ -394,7 +394,7 @@ def shards_chunk(block, base, tail, tail_lo, head, head_lo, size, req_start, r, 
                                    slot_block, slot_size, slot_time, last_slot, scalars)
         i = j
     clock_box[0] = clock
-    scalars[_CACHE_SLOT] = -1
+    scalars[CACHE_SLOT] = -1
     return k
 
 

@@ -48,10 +48,10 @@ COLD = np.iinfo(np.int64).max
 
 # Indices into the small scalar-state array: next free slot, live total, and the
 # cached prefix sum (slot, tokens) of the last query.
-_NEXT_SLOT, _TOTAL, _CACHE_SLOT, _CACHE_SUM = 0, 1, 2, 3
+NEXT_SLOT, TOTAL, CACHE_SLOT, _CACHE_SUM = 0, 1, 2, 3
 # Fan-out of the sum tree.
-_SHIFT = 6
-_FAN = 1 << _SHIFT
+SHIFT = 6
+_FAN = 1 << SHIFT
 # Widest gap between two queried slots that is walked slot by slot rather than
 # answered from the tree.
 _WALK = 16
@@ -67,11 +67,11 @@ class StackState:
     """
 
     def __init__(self, n_blocks: int) -> None:
-        slots = ((2 * int(n_blocks) + 64 + _FAN - 1) >> _SHIFT) << _SHIFT
+        slots = ((2 * int(n_blocks) + 64 + _FAN - 1) >> SHIFT) << SHIFT
         offsets = [0]  # start of each level >= 1 in ``tree``; level 0 is ``slot_size``
         n, total = slots, 0
         while n > _FAN:
-            n = (n + _FAN - 1) >> _SHIFT
+            n = (n + _FAN - 1) >> SHIFT
             offsets.append(total)
             total += n
         offsets.append(total)  # end of the top level
@@ -83,14 +83,14 @@ class StackState:
         self.last_slot = table_full(int(n_blocks), -1, np.int64)
         self.last_request = table_full(int(n_blocks), -1, np.int64)
         self.scalars = np.zeros(4, dtype=np.int64)
-        self.scalars[_CACHE_SLOT] = -1
+        self.scalars[CACHE_SLOT] = -1
 
     def arrays(self):
         return self.tree, self.offsets, self.slot_block, self.slot_size, self.last_slot, self.last_request, self.scalars
 
 
 @njit(**NJIT)
-def _prefix(tree, offsets, slot_size, slot, total):
+def prefix_of(tree, offsets, slot_size, slot, total):
     """Sum of sizes over slots 0..slot (inclusive)."""
     n_levels = offsets.shape[0] - 1  # levels 1..n_levels-1 live in ``tree``
     # level 0: the slot's 64-block, from the nearer end
@@ -101,10 +101,10 @@ def _prefix(tree, offsets, slot_size, slot, total):
         for u in range(lo, slot + 1):
             acc += slot_size[u]
     else:
-        acc = tree[offsets[1] + (slot >> _SHIFT)]
+        acc = tree[offsets[1] + (slot >> SHIFT)]
         for u in range(slot + 1, hi):
             acc -= slot_size[u]
-    i = slot >> _SHIFT
+    i = slot >> SHIFT
     for level in range(1, n_levels):
         base = offsets[level]
         length = offsets[level + 1] - base
@@ -115,7 +115,7 @@ def _prefix(tree, offsets, slot_size, slot, total):
                 for u in range(lo, i):
                     acc += tree[base + u]
             else:
-                acc += tree[offsets[level + 1] + (i >> _SHIFT)]
+                acc += tree[offsets[level + 1] + (i >> SHIFT)]
                 for u in range(i, hi):
                     acc -= tree[base + u]
         else:  # top level: its total is the live total
@@ -126,18 +126,18 @@ def _prefix(tree, offsets, slot_size, slot, total):
                 acc += total
                 for u in range(i, length):
                     acc -= tree[base + u]
-        i >>= _SHIFT
+        i >>= SHIFT
     return acc
 
 
 @njit(**NJIT)
-def _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
+def compact_slots(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
     """Renumber live slots 0..live-1 in touch order and rebuild the sums in O(K).
 
     ``slot_time`` (touch time per slot, or an empty array) moves with its slot."""
     live = 0
     timed = slot_time.shape[0] > 0
-    for s in range(scalars[_NEXT_SLOT]):
+    for s in range(scalars[NEXT_SLOT]):
         b = slot_block[s]
         if b >= 0:
             v = slot_size[s]
@@ -153,13 +153,13 @@ def _compact(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars
     if offsets.shape[0] > 2:
         base = offsets[1]
         for s in range(live):
-            tree[base + (s >> _SHIFT)] += slot_size[s]
+            tree[base + (s >> SHIFT)] += slot_size[s]
         for level in range(2, offsets.shape[0] - 1):
             below = offsets[level - 1]
             for u in range(offsets[level] - below):
-                tree[offsets[level] + (u >> _SHIFT)] += tree[below + u]
-    scalars[_NEXT_SLOT] = live
-    scalars[_CACHE_SLOT] = -1
+                tree[offsets[level] + (u >> SHIFT)] += tree[below + u]
+    scalars[NEXT_SLOT] = live
+    scalars[CACHE_SLOT] = -1
 
 
 @njit(**NJIT)
@@ -184,9 +184,9 @@ def stack_distances_chunk(
     no_times = np.empty(0, dtype=np.int64)
     n_slots = slot_block.shape[0]
     top = offsets.shape[0] - 1  # tree levels are 1..top-1
-    next_slot = scalars[_NEXT_SLOT]
-    total = scalars[_TOTAL]
-    cache_slot = scalars[_CACHE_SLOT]
+    next_slot = scalars[NEXT_SLOT]
+    total = scalars[TOTAL]
+    cache_slot = scalars[CACHE_SLOT]
     cache_sum = scalars[_CACHE_SUM]
     for r in range(n_req):
         lo = req_start[r]
@@ -221,7 +221,7 @@ def stack_distances_chunk(
                                 for u in range(s + 1, cache_slot + 1):
                                     acc -= slot_size[u]
                         else:
-                            acc = _prefix(tree, offsets, slot_size, s, total)
+                            acc = prefix_of(tree, offsets, slot_size, s, total)
                         cache_slot = s
                         cache_sum = acc
                         d = sz + total - acc
@@ -236,15 +236,15 @@ def stack_distances_chunk(
                     if want_prev:
                         last_request[b] = g
                     if next_slot == n_slots:
-                        scalars[_NEXT_SLOT] = next_slot
-                        _compact(tree, offsets, slot_block, slot_size, no_times, last_slot, scalars)
-                        next_slot = scalars[_NEXT_SLOT]
+                        scalars[NEXT_SLOT] = next_slot
+                        compact_slots(tree, offsets, slot_block, slot_size, no_times, last_slot, scalars)
+                        next_slot = scalars[NEXT_SLOT]
                         cache_slot = -1
                         s = last_slot[b]
                     if s >= 0:
                         i = s
                         for level in range(1, top):
-                            i >>= _SHIFT
+                            i >>= SHIFT
                             tree[offsets[level] + i] -= sz
                         slot_block[s] = -1
                         slot_size[s] = 0
@@ -255,15 +255,15 @@ def stack_distances_chunk(
                     # the new slot is above every live one: the cached prefix is unaffected
                     i = next_slot
                     for level in range(1, top):
-                        i >>= _SHIFT
+                        i >>= SHIFT
                         tree[offsets[level] + i] += sz
                     slot_block[next_slot] = b
                     slot_size[next_slot] = sz
                     last_slot[b] = next_slot
                     next_slot += 1
-    scalars[_NEXT_SLOT] = next_slot
-    scalars[_TOTAL] = total
-    scalars[_CACHE_SLOT] = cache_slot
+    scalars[NEXT_SLOT] = next_slot
+    scalars[TOTAL] = total
+    scalars[CACHE_SLOT] = cache_slot
     scalars[_CACHE_SUM] = cache_sum
 
 

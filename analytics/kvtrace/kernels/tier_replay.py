@@ -23,8 +23,8 @@ from kvtrace.kernels.tier_table import (
     C_WRITE_TOK, DRAM, FLASH, I_BLOCK_TOKENS, I_FIRST_MEASURED, I_FLASH_LRU, I_HAS_FLASH, I_HAS_LOCAL, I_HAS_VALUES,
     I_NODES, I_PREFIX, I_PROMOTION, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, PROMOTE, P_GROUP,
     P_ORACLE, P_TINYLFU, R_FL_Q, R_FL_TOK, R_MISS_Q, R_MISS_TOK, R_SRC, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
-    S_VALUE_CAPTURED, _COUNT, _FIRST_REQ, _HEAD, _HIST_LAST, _INFO, _INS, _LIST0, _ORACLE, _PREV, _RLAST, _SIZE,
-    _STAT, _TCH, _admit, _bin, _evict_lru, _link_before, _link_mru, _prefetch_ahead, _sketch_add, _unlink,
+    S_VALUE_CAPTURED, COUNT, FIRST_REQ, HEAD, HIST_LAST, INFO, INS, LIST0, INFO_ORACLE, PREV, RLAST, INFO_SIZE,
+    STAT, TCH, admit_offer, time_bin, evict_lru, link_before, link_mru, prefetch_ahead, sketch_add, unlink_row,
 )
 
 # --------------------------------------------------------------------------- kernel
@@ -54,8 +54,8 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     N = ip[I_NODES]
     has_local = ip[I_HAS_LOCAL] != 0
     has_flash = ip[I_HAS_FLASH] != 0
-    local0 = _LIST0 + N
-    F = _LIST0 + N * (1 + ip[I_HAS_LOCAL])
+    local0 = LIST0 + N
+    F = LIST0 + N * (1 + ip[I_HAS_LOCAL])
     flash_lru = ip[I_FLASH_LRU] != 0
     promotion = ip[I_PROMOTION]
     write_through = ip[I_WRITE_THROUGH] != 0
@@ -75,7 +75,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     # tokens, q; lgap = reuse gaps per tier. Sums of integer-valued floats: exact.
     acc = np.zeros((6, 4), dtype=np.float64)
     pre = np.zeros((3, 4), dtype=np.float64)
-    lgap = np.zeros((3, _HIST_LAST + 1), dtype=np.int64)
+    lgap = np.zeros((3, HIST_LAST + 1), dtype=np.int64)
     longest = 0
     for r in range(n_req):
         longest = max(longest, req_start[r + 1] - req_start[r])
@@ -86,10 +86,10 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
-        _prefetch_ahead(r, block, req_start, chunk_node, st, F, has_flash, sketch, use_sketch)
+        prefetch_ahead(r, block, req_start, chunk_node, st, F, has_flash, sketch, use_sketch)
         rg = r0 + r  # the trace's request index
         n = req_node[rg]
-        D = _LIST0 + n
+        D = LIST0 + n
         Lc = local0 + n
         first_flash = Lc if has_local else (F if has_flash else -1)
         now = req_ts[rg]
@@ -121,70 +121,70 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             # ---- forward: decide, pin (pass 1), account
             for t in range(a, z):
                 b = block[t]
-                s = st[b, _INFO, _SIZE]
-                tl = st[b, _STAT, _RLAST]
+                s = st[b, INFO, INFO_SIZE]
+                tl = st[b, STAT, RLAST]
                 if use_groups:
                     if tl >= 0:
                         gstat[req_group[tl], 1] += 1
                     gstat[req_group[rg], 0] += 1
-                first_req = st[b, _STAT, _FIRST_REQ]
+                first_req = st[b, STAT, FIRST_REQ]
                 if prefix_aware:
                     cold = first_req < 0 or first_req == rg
                 else:
-                    cold = st[b, _STAT, _COUNT] == 0
-                st[b, _STAT, _COUNT] += 1
-                st[b, _STAT, _RLAST] = rg
+                    cold = st[b, STAT, COUNT] == 0
+                st[b, STAT, COUNT] += 1
+                st[b, STAT, RLAST] = rg
                 if has_values:
                     last_val[b] = values[t]
                 if has_oracle:
-                    st[b, _INFO, _ORACLE] = oracle_ok[t]
+                    st[b, INFO, INFO_ORACLE] = oracle_ok[t]
                 if first_req < 0:
-                    st[b, _STAT, _FIRST_REQ] = rg
+                    st[b, STAT, FIRST_REQ] = rg
                 if use_sketch:
-                    _sketch_add(sketch, sk_ops, st, b)
+                    sketch_add(sketch, sk_ops, st, b)
                 if prefix_aware and tl == rg:  # a repeat in this group: decided (and pinned) at its first occurrence
-                    head = st[b, _STAT, _HEAD]
+                    head = st[b, STAT, HEAD]
                     d = decision[head] & 3
                     since = since_buf[head - lo]
                 else:
-                    st[b, _STAT, _HEAD] = t
-                    if st[b, D, _PREV] != ABSENT:
+                    st[b, STAT, HEAD] = t
+                    if st[b, D, PREV] != ABSENT:
                         d = DRAM
                         X = D
-                    elif has_local and st[b, Lc, _PREV] != ABSENT:
+                    elif has_local and st[b, Lc, PREV] != ABSENT:
                         d = LOCAL
                         X = Lc
-                    elif has_flash and st[b, F, _PREV] != ABSENT:
+                    elif has_flash and st[b, F, PREV] != ABSENT:
                         d = FLASH
                         X = F
                     else:
                         d = MISS
                         X = -1
-                    since = st[b, X, _TCH] if X >= 0 else -1
+                    since = st[b, X, TCH] if X >= 0 else -1
                     since_buf[t - lo] = since
                     # pin
                     if d == DRAM:
-                        _unlink(st, D, b)
+                        unlink_row(st, D, b)
                         used[D] -= s
                     elif d != MISS:
                         fits = s <= cap[D]  # a block larger than DRAM is never promoted
                         if promotion == PROMOTE and fits:
-                            _unlink(st, X, b)
+                            unlink_row(st, X, b)
                             used[X] -= s
                             if meas:
                                 cnt[C_PROMO + d] += 1
                                 cnt[C_PROMO_TOK + d] += s
-                                hist[d, 0, _bin(nq - st[b, X, _INS], shift)] += 1
+                                hist[d, 0, time_bin(nq - st[b, X, INS], shift)] += 1
                         else:
                             if flash_lru:
-                                _unlink(st, X, b)
+                                unlink_row(st, X, b)
                                 if d == LOCAL:
-                                    _link_before(st, X, b, behind_local)
+                                    link_before(st, X, b, behind_local)
                                     behind_local = b
                                 else:
-                                    _link_before(st, X, b, behind_flash)
+                                    link_before(st, X, b, behind_flash)
                                     behind_flash = b
-                            st[b, X, _TCH] = nq
+                            st[b, X, TCH] = nq
                             if meas and promotion == COPY and fits:
                                 cnt[C_PROMO + d] += 1
                                 cnt[C_PROMO_TOK + d] += s
@@ -195,7 +195,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                 q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
                 if meas:
                     if d != MISS:
-                        lgap[d, _bin(nq - since, shift)] += 1
+                        lgap[d, time_bin(nq - since, shift)] += 1
                     acc[d, 0] += 1.0
                     acc[d, 1] += kt
                     acc[d, 2] += fs
@@ -239,10 +239,10 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             # write path is compiled once.
             for t in range(z - 1, a - 1, -1):
                 b = block[t]
-                if st[b, _STAT, _HEAD] != t:
+                if st[b, STAT, HEAD] != t:
                     continue
                 d = decision[t] & 3
-                s = st[b, _INFO, _SIZE]
+                s = st[b, INFO, INFO_SIZE]
                 if (d == LOCAL or d == FLASH) and (promotion == NO_PROMOTION or s > cap[D]):
                     continue  # served in place
                 cand = -1
@@ -255,11 +255,11 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                     if d == MISS or not write_through:
                         cand = b
                 else:
-                    _link_mru(st, D, b, M)
+                    link_mru(st, D, b, M)
                     used[D] += s
                     if d != DRAM:  # a DRAM block was pinned in pass 1: it keeps its insert time
-                        st[b, D, _INS] = nq
-                    st[b, D, _TCH] = nq
+                        st[b, D, INS] = nq
+                    st[b, D, TCH] = nq
                     if write_through and d == MISS:
                         cand = b
                 while True:
@@ -274,19 +274,19 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                                 # increment and decrement per array argument of the helper (14) on
                                 # every offer
                                 wrote = False
-                                sv = st[cand, _INFO, _SIZE]
-                                if st[cand, X, _PREV] == ABSENT and sv <= cap[X]:
+                                sv = st[cand, INFO, INFO_SIZE]
+                                if st[cand, X, PREV] == ABSENT and sv <= cap[X]:
                                     val = last_val[cand] if has_values else 0.0
                                     if meas:
                                         cnt[C_OFFER + tier] += 1
                                         cnt[C_OFFER_TOK + tier] += sv
                                         if val > 0:
                                             sums[S_VALUE_BOUND] += val
-                                    if _admit(policy, cand, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat,
-                                              last_val, sketch, sk_ops):
-                                        _link_mru(st, X, cand, M)
-                                        st[cand, X, _INS] = nq
-                                        st[cand, X, _TCH] = nq
+                                    if admit_offer(policy, cand, X, now, ip, fp, st, used, cap, req_ts, req_group,
+                                                   gstat, last_val, sketch, sk_ops):
+                                        link_mru(st, X, cand, M)
+                                        st[cand, X, INS] = nq
+                                        st[cand, X, TCH] = nq
                                         used[X] += sv
                                         if meas:
                                             cnt[C_WRITE + tier] += 1
@@ -296,9 +296,9 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                                 cand = -1
                                 if wrote and tier == 2:
                                     while used[F] > cap[F]:
-                                        _evict_lru(F, 2, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
+                                        evict_lru(F, 2, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                             if has_local and used[Lc] > cap[Lc]:
-                                w = _evict_lru(Lc, 1, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
+                                w = evict_lru(Lc, 1, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                                 if has_flash:
                                     cand = w
                                     X = F
@@ -308,7 +308,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                     cand = -1
                     if used[D] <= cap[D]:
                         break
-                    w = _evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
+                    w = evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
                     if not write_through:
                         cand = w
         # ---- the request's totals
@@ -342,7 +342,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         cnt[C_ACC + d] += np.int64(acc[d, 0])
         cnt[C_REQ + d] += np.int64(acc[5, d])
     for tier in range(3):
-        for i in range(_HIST_LAST + 1):
+        for i in range(HIST_LAST + 1):
             hist[tier, 2, i] += lgap[tier, i]
 
 
@@ -376,4 +376,4 @@ def _specialise(policy: int):
 
 _POLICY_NAMES = ("all", "none", "freq", "prob", "idle", "value", "oracle", "tinylfu", "group")
 #: The kernel of each policy code (``P_*``).
-_SIMULATE = tuple(_specialise(p) for p in range(len(_POLICY_NAMES)))
+SIMULATE = tuple(_specialise(p) for p in range(len(_POLICY_NAMES)))

@@ -1,7 +1,7 @@
 """The tier simulator's block table and its O(1) operations (:mod:`kvtrace.kernels.tiers`
 states the semantics; this module is their data layout).
 
-One int32 row per distinct block (:func:`_state`) holds its state, its constants and
+One int32 row per distinct block (:func:`new_state`) holds its state, its constants and
 its entry in every tier list, so what an access or an eviction reads of a block is one
 64-byte cache line; the sentinel row closes every list. Here: the codes and counter
 layouts the kernel and its wrapper share, the doubly linked list operations, the
@@ -35,15 +35,15 @@ N_IP = 13
 F_PARAM = 0
 N_FP = 1
 
-# slots of a block's row: its state, its constants, then its entry in list L >= _LIST0
-_STAT, _INFO, _LIST0 = 0, 1, 2
-# fields of _INFO: tokens the block occupies, oracle flag of its last access, its
+# slots of a block's row: its state, its constants, then its entry in list L >= LIST0
+STAT, INFO, LIST0 = 0, 1, 2
+# fields of INFO: tokens the block occupies, oracle flag of its last access, its
 # TinyLFU sketch group and offset bits
-_SIZE, _ORACLE, _SK_GRP, _SK_OFF = 0, 1, 2, 3
+INFO_SIZE, INFO_ORACLE, _SK_GRP, _SK_OFF = 0, 1, 2, 3
 # fields of a list entry / of the block state (request of the last access, accesses so
 # far, first request, chunk-local index of its first occurrence in the current group)
-_PREV, _NEXT, _INS, _TCH = 0, 1, 2, 3
-_RLAST, _COUNT, _FIRST_REQ, _HEAD = 0, 1, 2, 3
+PREV, _NEXT, INS, TCH = 0, 1, 2, 3
+RLAST, COUNT, FIRST_REQ, HEAD = 0, 1, 2, 3
 ABSENT = -1
 
 PROB_SEED = 0x5851F42D4C957F2D
@@ -105,7 +105,7 @@ HIST_METRICS = ("lifetime_s", "idle_before_eviction_s", "reuse_gap_s")
 #: exact and cheap (its binary exponent).
 HIST_MIN_EXP, HIST_MAX_EXP = -10, 26
 HIST_EDGES = np.concatenate([[0.0], 2.0 ** np.arange(HIST_MIN_EXP, HIST_MAX_EXP + 1)])
-_HIST_LAST = HIST_EDGES.shape[0] - 1
+HIST_LAST = HIST_EDGES.shape[0] - 1
 
 
 # --------------------------------------------------------------------------- helpers
@@ -141,13 +141,13 @@ def _sketch_slots(b, sketch):
 
 
 @njit(**NJIT)
-def _init_sketch_keys(st, sketch):
+def init_sketch_keys(st, sketch):
     """Store each block's sketch group and the 16 offset bits of its hash in its row
-    (``_INFO`` fields ``_SK_GRP``, ``_SK_OFF``), read with the row at every access."""
+    (``INFO`` fields ``_SK_GRP``, ``_SK_OFF``), read with the row at every access."""
     for b in range(st.shape[0] - 1):
         grp, h2 = _sketch_slots(b, sketch)
-        st[b, _INFO, _SK_GRP] = grp
-        st[b, _INFO, _SK_OFF] = np.int64(h2 & np.uint64(0xFFFF))
+        st[b, INFO, _SK_GRP] = grp
+        st[b, INFO, _SK_OFF] = np.int64(h2 & np.uint64(0xFFFF))
 
 
 @njit(**NJIT_INLINE)
@@ -158,8 +158,8 @@ def _counter(byte, j):
 
 @njit(**NJIT_INLINE)
 def _sketch_estimate(sketch, st, b):
-    grp = st[b, _INFO, _SK_GRP]
-    off = st[b, _INFO, _SK_OFF]
+    grp = st[b, INFO, _SK_GRP]
+    off = st[b, INFO, _SK_OFF]
     mask = 2 * sketch.shape[2] - 1
     est = SKETCH_MAX
     for i in range(4):
@@ -171,13 +171,13 @@ def _sketch_estimate(sketch, st, b):
 
 
 @njit(**NJIT_INLINE)
-def _sketch_add(sketch, sk_ops, st, b):
+def sketch_add(sketch, sk_ops, st, b):
     """Count an access of b (saturating); every ``10 x W`` accesses halve all counters.
     ``sk_ops``: [accesses since the last halving, cached victim, its estimate, its
     group]; the cached estimate is dropped when a block of the victim's group is
     counted (its counters can only change then) or the counters halve."""
-    grp = st[b, _INFO, _SK_GRP]
-    off = st[b, _INFO, _SK_OFF]
+    grp = st[b, INFO, _SK_GRP]
+    off = st[b, INFO, _SK_OFF]
     mask = 2 * sketch.shape[2] - 1
     for i in range(4):
         j = (off >> (4 * i)) & mask
@@ -199,95 +199,95 @@ def _sketch_add(sketch, sk_ops, st, b):
 def _victim_estimate(sketch, sk_ops, st, w):
     """Sketch estimate of flash victim w: it stays the victim across many admissions,
     so its estimate is cached until a count in its group or a halving (see
-    :func:`_sketch_add`)."""
+    :func:`sketch_add`)."""
     if sk_ops[_SK_VICTIM] != w:
         sk_ops[_SK_VICTIM] = w
-        sk_ops[_SK_VGRP] = st[w, _INFO, _SK_GRP]
+        sk_ops[_SK_VGRP] = st[w, INFO, _SK_GRP]
         sk_ops[_SK_EST] = _sketch_estimate(sketch, st, w)
     return sk_ops[_SK_EST]
 
 
 @njit(**NJIT_INLINE)
-def _bin(dq, shift):
+def time_bin(dq, shift):
     """Residency bin of a time difference of ``dq`` quanta of ``2**(HIST_MIN_EXP +
     shift)`` seconds: 0 if dq < 1, else its bit length + shift (the octave of the
     difference in seconds), the last bin open."""
     if dq < 1:
         return 0
     n = bit_length(dq) + shift
-    return n if n < _HIST_LAST else _HIST_LAST
+    return n if n < HIST_LAST else HIST_LAST
 
 
 @njit(**NJIT_INLINE)
-def _link_before(st, L, b, nxt):
+def link_before(st, L, b, nxt):
     """Link b into list L just before (on the least-recent side of) nxt."""
-    p = st[nxt, L, _PREV]
+    p = st[nxt, L, PREV]
     st[p, L, _NEXT] = b
-    st[b, L, _PREV] = p
+    st[b, L, PREV] = p
     st[b, L, _NEXT] = nxt
-    st[nxt, L, _PREV] = b
+    st[nxt, L, PREV] = b
 
 
 @njit(**NJIT_INLINE)
-def _link_mru(st, L, b, M):
-    _link_before(st, L, b, M)
+def link_mru(st, L, b, M):
+    link_before(st, L, b, M)
 
 
 @njit(**NJIT_INLINE)
-def _unlink(st, L, b):
-    p = st[b, L, _PREV]
+def unlink_row(st, L, b):
+    p = st[b, L, PREV]
     n = st[b, L, _NEXT]
     st[p, L, _NEXT] = n
-    st[n, L, _PREV] = p
-    st[b, L, _PREV] = ABSENT
+    st[n, L, PREV] = p
+    st[b, L, PREV] = ABSENT
 
 
 @njit(**NJIT_INLINE)
-def _admit(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
+def admit_offer(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gstat, last_val, sketch, sk_ops):
     if policy == P_ALL:
         return True
     if policy == P_NONE:
         return False
     if policy == P_FREQ:
-        return st[v, _STAT, _COUNT] >= ip[I_PARAM]
+        return st[v, STAT, COUNT] >= ip[I_PARAM]
     if policy == P_PROB:
         return _unit_hash(v) < fp[F_PARAM]
     if policy == P_IDLE:
-        return now - req_ts[st[v, _STAT, _RLAST]] < fp[F_PARAM]
+        return now - req_ts[st[v, STAT, RLAST]] < fp[F_PARAM]
     if policy == P_VALUE:
         return last_val[v] >= fp[F_PARAM]
     if policy == P_ORACLE:
-        return st[v, _INFO, _ORACLE] != 0
+        return st[v, INFO, INFO_ORACLE] != 0
     if policy == P_TINYLFU:
-        if used[X] + st[v, _INFO, _SIZE] <= cap[X]:
+        if used[X] + st[v, INFO, INFO_SIZE] <= cap[X]:
             return True
         M = st.shape[0] - 1
         return _sketch_estimate(sketch, st, v) > _victim_estimate(sketch, sk_ops, st, st[M, X, _NEXT])
-    g = req_group[st[v, _STAT, _RLAST]]
+    g = req_group[st[v, STAT, RLAST]]
     return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
 
 
 @njit(**NJIT_INLINE)
-def _evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch):
+def evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch):
     """Evict the least-recent block of list X; returns it."""
     M = st.shape[0] - 1
     w = st[M, X, _NEXT]
-    _unlink(st, X, w)
+    unlink_row(st, X, w)
     prefetch_row(st, st[st[M, X, _NEXT], X, _NEXT])  # the victim after next: its row is the next unlink's miss
     if use_sketch and tier == 0:  # the next DRAM victim is the next admission candidate: its sketch group
-        prefetch_row(sketch, st[st[M, X, _NEXT], _INFO, _SK_GRP])
-    s = st[w, _INFO, _SIZE]
+        prefetch_row(sketch, st[st[M, X, _NEXT], INFO, _SK_GRP])
+    s = st[w, INFO, INFO_SIZE]
     used[X] -= s
     if meas:
         cnt[C_EVICT + tier] += 1
         cnt[C_EVICT_TOK + tier] += s
-        hist[tier, 0, _bin(nq - st[w, X, _INS], shift)] += 1
-        hist[tier, 1, _bin(nq - st[w, X, _TCH], shift)] += 1
+        hist[tier, 0, time_bin(nq - st[w, X, INS], shift)] += 1
+        hist[tier, 1, time_bin(nq - st[w, X, TCH], shift)] += 1
     return w
 
 
 @njit(**NJIT_INLINE)
-def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch):
+def prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_sketch):
     """Prefetch the rows of request r + 2's blocks, and the list neighbours and sketch
     groups of request r + 1's blocks (rows prefetched one request ago), which its pins
     will unlink and its accesses count (r local to the chunk; ``req_node`` the
@@ -297,42 +297,42 @@ def _prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use
         for t in range(req_start[r + 2], min(req_start[r + 3], req_start[r + 2] + _PREFETCH_MAX)):
             prefetch_row(st, block[t])
     if r + 1 < n_req:
-        D = _LIST0 + req_node[r + 1]
+        D = LIST0 + req_node[r + 1]
         for t in range(req_start[r + 1], min(req_start[r + 2], req_start[r + 1] + _PREFETCH_MAX)):
             b = block[t]
             if use_sketch:
-                prefetch_row(sketch, st[b, _INFO, _SK_GRP])
-            if st[b, D, _PREV] != ABSENT:
-                prefetch_row(st, st[b, D, _PREV])
+                prefetch_row(sketch, st[b, INFO, _SK_GRP])
+            if st[b, D, PREV] != ABSENT:
+                prefetch_row(st, st[b, D, PREV])
                 prefetch_row(st, st[b, D, _NEXT])
-            elif has_flash and st[b, F, _PREV] != ABSENT:
-                prefetch_row(st, st[b, F, _PREV])
+            elif has_flash and st[b, F, PREV] != ABSENT:
+                prefetch_row(st, st[b, F, PREV])
                 prefetch_row(st, st[b, F, _NEXT])
 
 
 # --------------------------------------------------------------------------- the block table
 
 
-def _aligned_zeros(n: int) -> np.ndarray:
+def aligned_zeros(n: int) -> np.ndarray:
     """uint8[n] of zeros starting on a 64-byte boundary (a cache line)."""
     buf = table_zeros(n + 64, np.uint8)
     off = -buf.ctypes.data % 64
     return buf[off:off + n]
 
 
-def _state(size, n_lists: int, scratch=None) -> np.ndarray:
+def new_state(size, n_lists: int, scratch=None) -> np.ndarray:
     """The simulator state, int32[M + 1, S, 4]: row b holds block b's state (slot
-    ``_STAT``: request of its last access, access count, first request, head of its
-    touch group), its constants and admission inputs (slot ``_INFO``: tokens it
+    ``STAT``: request of its last access, access count, first request, head of its
+    touch group), its constants and admission inputs (slot ``INFO``: tokens it
     occupies, oracle flag of its last access, TinyLFU sketch group and offset bits)
-    and its entry in each list (slot ``_LIST0 + L``: prev, next, insert time,
+    and its entry in each list (slot ``LIST0 + L``: prev, next, insert time,
     last-touch time; prev = ``ABSENT`` when not in the list). Row M is every list's
     sentinel. One row per block keeps what an access or an eviction reads of a block
     in one cache line (rows of 4 slots are 64 bytes, aligned), so S is the slot count
     rounded up to a multiple of 4. With
     ``scratch`` (:class:`kvtrace.kernels.memory.Scratch`) the table reuses its memory."""
     n_blocks = size.shape[0]
-    slots = _LIST0 + n_lists
+    slots = LIST0 + n_lists
     slots += -slots % 4
     row = slots * 16
     n = (n_blocks + 1) * row + 64
@@ -354,10 +354,10 @@ def _init_rows(st, size):
         for k in range(st.shape[1]):
             for f in range(4):
                 st[b, k, f] = ABSENT
-        st[b, _STAT, _COUNT] = 0
-        st[b, _INFO, _ORACLE] = 0
+        st[b, STAT, COUNT] = 0
+        st[b, INFO, INFO_ORACLE] = 0
         if b < M:
-            st[b, _INFO, _SIZE] = size[b]
-    for k in range(_LIST0, st.shape[1]):
-        st[M, k, _PREV] = M
+            st[b, INFO, INFO_SIZE] = size[b]
+    for k in range(LIST0, st.shape[1]):
+        st[M, k, PREV] = M
         st[M, k, _NEXT] = M

@@ -12,11 +12,11 @@ Tiers and lists
 ---------------
 Each node ``n`` has a DRAM tier (list ``n``) and optionally a local SSD (list
 ``N + n``); all nodes share one flash pool (the last list). A tier is a doubly
-linked list over block ids (entry ``st[b, _LIST0 + L] = prev, next, insert time,
+linked list over block ids (entry ``st[b, LIST0 + L] = prev, next, insert time,
 last-touch time``, int32; sentinel row ``M``: ``next`` = least recent, ``prev`` = most recent)
 plus a token counter, so every event is O(1). ``prev = -1`` means "not in this tier".
 Row ``b`` also holds the block's state and size, so what an access reads shares one
-64-byte cache line (``tier_table._state``). Memory: ``16 x S x (M + 1)`` bytes with S =
+64-byte cache line (``tier_table.new_state``). Memory: ``16 x S x (M + 1)`` bytes with S =
 ``2 + N x (1 + has_local) + has_flash`` rounded up to a multiple of 4: 64 bytes per
 distinct block for one node (N <= 64 nodes: at most ~2 KB per distinct block).
 Block and request indices are int32 (< 2**31); access indices are local to a chunk.
@@ -121,14 +121,14 @@ from typing import NamedTuple
 import numpy as np
 
 from kvtrace.kernels.memory import Scratch
-from kvtrace.kernels.tier_replay import _SIMULATE, oracle_flags_chunk
+from kvtrace.kernels.tier_replay import SIMULATE, oracle_flags_chunk
 from kvtrace.kernels.tier_table import (
     COLD_FLAG, COPY, COUNT_NAMES, DRAM, FLASH, F_PARAM, HIST_EDGES, HIST_MAX_EXP, HIST_METRICS, HIST_MIN_EXP,
     HIST_TIERS, I_BLOCK_TOKENS, I_FIRST_MEASURED, I_FLASH_LRU, I_HAS_FLASH, I_HAS_LOCAL, I_HAS_VALUES, I_NODES,
     I_PARAM, I_POLICY, I_PREFIX, I_PROMOTION, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, N_COUNTS,
     N_FP, N_IP, N_REQ_COLS, N_SUMS, PROB_SEED, PROMOTE, P_ALL, P_FREQ, P_GROUP, P_IDLE, P_NONE, P_ORACLE, P_PROB,
-    P_TINYLFU, P_VALUE, REQUEST_COLUMNS, SKETCH_MAX, SKETCH_RESET_FACTOR, SKETCH_SEED, SUM_NAMES, _LIST0,
-    _aligned_zeros, _init_sketch_keys, _state,
+    P_TINYLFU, P_VALUE, REQUEST_COLUMNS, SKETCH_MAX, SKETCH_RESET_FACTOR, SKETCH_SEED, SUM_NAMES, LIST0,
+    aligned_zeros, init_sketch_keys, new_state,
 )
 
 
@@ -218,7 +218,7 @@ class TierSimulator:
     All state (tiers, block rows, sketch, counters, per-request outputs) lives here
     between :meth:`feed` calls, so feeding a trace in chunks gives the results of one
     call over the whole trace, bit for bit (module docstring, "Chunks"). Memory:
-    the block rows (``tier_table._state``), 8 bytes per block with ``has_values``, and the
+    the block rows (``tier_table.new_state``), 8 bytes per block with ``has_values``, and the
     per-request arrays (about 70 bytes per request, 14 with ``chunk_columns``);
     nothing per access beyond the chunk being fed.
 
@@ -258,11 +258,11 @@ class TierSimulator:
         has_local = int(local) > 0
         has_flash = int(flash) > 0
         n_lists = N * (1 + int(has_local)) + int(has_flash)
-        # capacity of each list (from _LIST0: DRAM per node, local SSD per node, shared flash)
-        cap = np.zeros(_LIST0 + n_lists, dtype=np.int64)
-        cap[_LIST0:_LIST0 + N] = int(dram)
+        # capacity of each list (from LIST0: DRAM per node, local SSD per node, shared flash)
+        cap = np.zeros(LIST0 + n_lists, dtype=np.int64)
+        cap[LIST0:LIST0 + N] = int(dram)
         if has_local:
-            cap[_LIST0 + N:_LIST0 + 2 * N] = int(local)
+            cap[LIST0 + N:LIST0 + 2 * N] = int(local)
         if has_flash:
             cap[-1] = int(flash)
         if M + 1 >= 2**31:
@@ -273,7 +273,7 @@ class TierSimulator:
             raise ValueError("block sizes must be 0..2**31 - 1 tokens")
         self.req_ts = req_ts
         self.req_tq, self.shift = quantise_times(req_ts)  # its temporaries go before the block table comes
-        self.st = _state(size, n_lists, scratch)
+        self.st = new_state(size, n_lists, scratch)
         ip = np.zeros(N_IP, dtype=np.int64)
         ip[I_POLICY] = int(policy)
         ip[I_PARAM] = int(param) if int(policy) == P_FREQ else 0
@@ -294,9 +294,9 @@ class TierSimulator:
         if width < 2 or width & (width - 1):
             raise ValueError("the sketch width must be a power of two >= 2")
         g = min(16, width)
-        self.sketch = _aligned_zeros(2 * width).reshape(width // g, 4, g // 2)  # 4-bit counters
+        self.sketch = aligned_zeros(2 * width).reshape(width // g, 4, g // 2)  # 4-bit counters
         if use_sketch:
-            _init_sketch_keys(self.st, self.sketch)
+            init_sketch_keys(self.st, self.sketch)
         self.sk_ops = np.array([0, -1, 0, -1], dtype=np.int64)
         self.gstat = np.zeros((max(1, int(n_groups)), 2), dtype=np.int64)
         self.req_group = (np.zeros(n_req, dtype=np.int32) if req_group is None
@@ -316,7 +316,7 @@ class TierSimulator:
         ip[I_TIME_SHIFT] = self.shift
         self.ip = ip
         self.cap = cap
-        self.used = np.zeros(_LIST0 + n_lists, dtype=np.int64)
+        self.used = np.zeros(LIST0 + n_lists, dtype=np.int64)
         self.req_node = np.ascontiguousarray(req_node, dtype=np.int32)
         self.next_request = 0  # the next chunk starts here
 
@@ -371,7 +371,7 @@ class TierSimulator:
         else:
             out, out_base = self.req_cols, 0
         if k > 0:
-            _SIMULATE[int(self.ip[I_POLICY])](
+            SIMULATE[int(self.ip[I_POLICY])](
                       block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
                       self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
                       self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, out, out_base,

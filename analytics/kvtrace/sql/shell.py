@@ -24,7 +24,7 @@ from typing import Callable
 
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.results.export import build_database, example_files, is_database
-from kvtrace.outputs import _json_safe, atomic_path
+from kvtrace.outputs import json_safe, atomic_path
 from kvtrace.trace import Trace
 
 __all__ = ["OUTPUT_FORMATS", "QueryResult", "analyse_in_memory", "example_by_name", "open_database", "repl",
@@ -157,7 +157,7 @@ def _csv_cell(value) -> str:
     if isinstance(v, float):
         return repr(v) if math.isfinite(v) else ("nan" if math.isnan(v) else ("inf" if v > 0 else "-inf"))
     if isinstance(v, (list, dict)):
-        return json.dumps(_json_safe(v))
+        return json.dumps(json_safe(v))
     return str(v)
 
 
@@ -173,7 +173,7 @@ def result_text(result: QueryResult, fmt: str) -> str:
         return buf.getvalue()
     if fmt == "json":
         rows = [dict(zip(result.columns, (_plain(v) for v in row))) for row in result.rows()]
-        return json.dumps(_json_safe(rows), indent=1) + "\n"
+        return json.dumps(json_safe(rows), indent=1) + "\n"
     raise UsageError(f"unknown output format '{fmt}': expected csv or json", field="format")
 
 

@@ -264,7 +264,7 @@ class ChunkedSource:
         self.close()
 
 
-class _FileReader:
+class FileReader:
     """Values ``lo..hi - 1`` of a file of one value per access, read in any order."""
 
     def __init__(self, path: Path, dtype) -> None:
@@ -286,7 +286,7 @@ def _column_reader(col: Column):
     if col.array is not None:
         return lambda lo, hi: col.array[lo:hi]
     col.close()
-    return _FileReader(col.path, col.dtype)
+    return FileReader(col.path, col.dtype)
 
 
 __all__ = ["AccessChunk", "CHUNK_ACCESSES", "ChunkedSource", "Column", "TraceSource", "read_exact",

@@ -135,7 +135,7 @@ from kvtrace.analyses.value.pricing import (
     StorageCosts,
     parse_horizon,
 )
-from kvtrace.analyses.value.report import QUANTILES, ValueResult, _weighted_quantiles, value_report
+from kvtrace.analyses.value.report import QUANTILES, ValueResult, weighted_quantiles, value_report
 
 #: The former name of :class:`FutureReuseChunks` (a streamed trace's ``ValueResult.future``).
 StreamedFutureReuse = FutureReuseChunks

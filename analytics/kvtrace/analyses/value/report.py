@@ -112,7 +112,7 @@ class ValueResult:
         return {"summary": self.summary, "top_prefixes": self.top_prefixes(top).to_dicts()}
 
 
-def _weighted_quantiles(x: np.ndarray, weight: Callable[[np.ndarray], np.ndarray], total_weight: int, qs,
+def weighted_quantiles(x: np.ndarray, weight: Callable[[np.ndarray], np.ndarray], total_weight: int, qs,
                         chunk: int = 1 << 22) -> dict:
     """Inverted-CDF quantiles of ``x`` weighted by ``weight(indices)`` (integers >= 0,
     summing to ``total_weight``): the smallest x whose cumulative weight reaches
@@ -417,7 +417,7 @@ def _tables(trace, fr, N: int, blocks: dict, sums: dict, shared: tuple, chunk: i
     for lo in range(0, M, chunk):
         density[lo:lo + chunk] = total[lo:lo + chunk] / _block_bytes(trace, bpt, lo, lo + chunk)
     distinct = sum(int(_block_bytes(trace, bpt, lo, lo + chunk).sum()) for lo in range(0, M, chunk))
-    quantiles = _weighted_quantiles(density, lambda idx: trace.block_size[idx].astype(np.int64) * bpt, distinct,
+    quantiles = weighted_quantiles(density, lambda idx: trace.block_size[idx].astype(np.int64) * bpt, distinct,
                                     QUANTILES, chunk)
     del density
 

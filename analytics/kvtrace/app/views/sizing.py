@@ -11,7 +11,7 @@ from kvtrace.app import cached, sidebar, sizing_form
 from kvtrace.analyses.sizing import CANDIDATE_TEXT, LENSES, TIERS, default_config
 from kvtrace.errors import KvtraceError
 from kvtrace.model import GPUS, MODELS, resolve_gpu
-from kvtrace.outputs import _json_safe
+from kvtrace.outputs import json_safe
 from kvtrace.results.present import format_bytes, milliseconds, money, rate, signed_money
 
 ctx = sidebar.trace_context()
@@ -199,7 +199,7 @@ for spec in cached.sizing_charts(ctx.key, toml_text, _result=result):
 # ---------------------------------------------------------------- downloads
 st.subheader("Downloads")
 d = st.columns(4)
-d[0].download_button("Result (JSON)", json.dumps(_json_safe(result.to_dict()), indent=2), file_name="sizing.json",
+d[0].download_button("Result (JSON)", json.dumps(json_safe(result.to_dict()), indent=2), file_name="sizing.json",
                      mime="application/json")
 report_id = f"{ctx.key}|{toml_text}"
 if state.get("_sz_report_for") == report_id:

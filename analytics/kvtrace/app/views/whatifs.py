@@ -12,7 +12,7 @@ from kvtrace.analyses.value import DEFAULT_HORIZON
 from kvtrace.analyses.whatif import (FLASH_ORDERS, PROMOTIONS, ROUTINGS, WRITE_MODES, TierConfig, config_grid,
                                      summary_table)
 from kvtrace.errors import KvtraceError
-from kvtrace.outputs import _json_safe
+from kvtrace.outputs import json_safe
 from kvtrace.results import chart_data
 from kvtrace.results.charts import frontier_chart
 from kvtrace.results.present import WHATIF_HEADS, money, whatif_rows
@@ -120,7 +120,7 @@ st.dataframe(display, hide_index=True, key="comparison", column_config={
     **{c: st.column_config.TextColumn(width="small") for c in ("DRAM", "SSD/flash", "miss", "p50", "p99", "DWPD")}})
 d1, d2, _ = st.columns([1, 1, 3])
 d1.download_button("Download table (CSV)", table.write_csv(), file_name="whatif.csv", mime="text/csv")
-d2.download_button("Download table (JSON)", json.dumps(_json_safe({"configs": table.to_dicts()}), indent=2),
+d2.download_button("Download table (JSON)", json.dumps(json_safe({"configs": table.to_dicts()}), indent=2),
                    file_name="whatif.json", mime="application/json")
 
 st.altair_chart(frontier_chart(table).properties(width="container"))
