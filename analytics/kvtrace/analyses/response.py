@@ -168,6 +168,15 @@ class ResponseModel:
             if not getattr(self, name) >= 0:
                 raise UsageError(f"expected a non-negative time, got {getattr(self, name)}", field=name)
 
+    @classmethod
+    def in_units(cls, *, dram_gbps: float, dram_latency_ms: float, flash_gbps: float, flash_latency_ms: float,
+                 overhead_ms: float, recompute_flops_per_s: float) -> "ResponseModel":
+        """The model from the units people type (GB/s = 10**9 bytes/s, ms): the inverse of
+        the properties below, as ``kvtrace whatif`` options and the dashboard take it."""
+        return cls(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
+                   flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
+                   overhead_s=overhead_ms / 1e3, recompute_flops_per_s=recompute_flops_per_s)
+
     @property
     def dram_gbps(self) -> float:
         """DRAM restore bandwidth, GB/s (10**9 bytes/s)."""

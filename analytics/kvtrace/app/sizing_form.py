@@ -5,17 +5,10 @@ their kinds are the sizing module's own (:func:`sizing_fields`).
 
 from __future__ import annotations
 
-import sys
-
 import polars as pl
 
-from kvtrace.analyses.sizing import SECTIONS, TIER_KEYS, TIERS, SizingConfig
+from kvtrace.analyses.sizing import SECTIONS, TIER_KEYS, TIERS, SizingConfig, config_from_toml
 from kvtrace.errors import KvtraceError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 
 def sizing_fields() -> tuple[dict[str, dict[str, str]], dict[str, str]]:
@@ -110,13 +103,7 @@ def sizing_config_from_form(values: dict[str, str], tiers: tuple[str, ...] = TIE
 
 def sizing_config_from_toml(name: str, data: bytes) -> SizingConfig:
     """Parse an uploaded ``tiers.toml`` (one-line :class:`KvtraceError` naming ``name``)."""
-    try:
-        d = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise KvtraceError("expected UTF-8 TOML text", path=name) from None
-    except tomllib.TOMLDecodeError as exc:
-        raise KvtraceError(f"invalid TOML: {exc}", path=name) from None
-    return SizingConfig.from_dict(d, source=name)
+    return config_from_toml(data, name)
 
 
 def sizing_table(result, lens: str) -> pl.DataFrame:

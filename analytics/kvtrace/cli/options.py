@@ -131,20 +131,18 @@ class LibraryDefault:
     ``str`` or ``float``). Importing an analysis to state a default would slow the start
     of every command.
 
-    ``LibraryDefault("kvtrace.analyses.value", "DEFAULT_HORIZON")``; for a field of a
-    class's default instance in the option's unit, ``LibraryDefault("kvtrace.analyses.response",
-    "ResponseModel", field="dram_fixed_s", unit=lambda s: s * 1e3)``."""
+    ``LibraryDefault("kvtrace.analyses.value", "DEFAULT_HORIZON")``; for an attribute of a
+    class's default instance, ``LibraryDefault("kvtrace.analyses.response", "ResponseModel",
+    field="dram_latency_ms")``."""
 
-    def __init__(self, module: str, name: str, *, field: str | None = None, unit: Callable | None = None):
-        self.module, self.name, self.field, self.unit = module, name, field, unit
+    def __init__(self, module: str, name: str, *, field: str | None = None):
+        self.module, self.name, self.field = module, name, field
 
     def value(self):
         import importlib
 
         v = getattr(importlib.import_module(self.module), self.name)
-        if self.field is not None:
-            v = getattr(v(), self.field)
-        return v if self.unit is None else self.unit(v)
+        return v if self.field is None else getattr(v(), self.field)
 
     def __str__(self) -> str:
         return str(self.value())

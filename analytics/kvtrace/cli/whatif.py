@@ -21,16 +21,13 @@ from kvtrace.errors import UsageError
 from kvtrace.results import present
 
 
-def _response_default(field: str, unit) -> LibraryDefault:
-    """A default of kvtrace.analyses.response.ResponseModel in an option's unit."""
-    return LibraryDefault("kvtrace.analyses.response", "ResponseModel", field=field, unit=unit)
+def _response_default(field: str) -> LibraryDefault:
+    """A default of kvtrace.analyses.response.ResponseModel, in the option's unit (its property)."""
+    return LibraryDefault("kvtrace.analyses.response", "ResponseModel", field=field)
 
 
-_DRAM_GBPS = _response_default("dram_bytes_per_s", lambda b: b / 1e9)
-_DRAM_MS = _response_default("dram_fixed_s", lambda s: s * 1e3)
-_FLASH_GBPS = _response_default("flash_bytes_per_s", lambda b: b / 1e9)
-_FLASH_MS = _response_default("flash_fixed_s", lambda s: s * 1e3)
-_OVERHEAD_MS = _response_default("overhead_s", lambda s: s * 1e3)
+_DRAM_GBPS, _DRAM_MS, _FLASH_GBPS, _FLASH_MS, _OVERHEAD_MS = map(
+    _response_default, ("dram_gbps", "dram_latency_ms", "flash_gbps", "flash_latency_ms", "overhead_ms"))
 
 
 class Promotion(str, Enum):
@@ -149,9 +146,9 @@ def whatif(
                 configs += local_vs_shared(d, local_ssd, nodes, policy=p, **extra)
     m = kv_model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
-    response = ResponseModel(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
-                             flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
-                             overhead_s=overhead_ms / 1e3, recompute_flops_per_s=g.effective_flops)
+    response = ResponseModel.in_units(dram_gbps=dram_gbps, dram_latency_ms=dram_latency_ms, flash_gbps=flash_gbps,
+                                      flash_latency_ms=flash_latency_ms, overhead_ms=overhead_ms,
+                                      recompute_flops_per_s=g.effective_flops)
     parallel = engine != Engine.dask and min(workers or 2, len(configs)) > 1  # the guard's worst case
     if engine == Engine.dask and stream:
         raise UsageError("--engine dask ships the trace to the workers: not with --stream", field="stream")

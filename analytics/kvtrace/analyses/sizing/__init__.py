@@ -87,11 +87,12 @@ presentation: :mod:`kvtrace.results.sizing_report`.
 """
 
 from kvtrace.analyses.sizing.config import (CANDIDATE_TEXT, CANDIDATES, GIB, LENSES, SECTIONS, TIB, TIER_KEYS, TIERS,
-                                            SizingConfig, TierSpec, default_config, load_config)
+                                            SizingConfig, TierSpec, config_from_toml, default_config,
+                                            load_config)
 from kvtrace.analyses.sizing.lenses import FLASH_TIER, SHORTFALL_TEXT
 from kvtrace.analyses.sizing.replay import WhatifReplay, whatif_args, whatif_command
 from kvtrace.analyses.sizing.search import Recommendation, SizingResult, recommend
 
 __all__ = ["CANDIDATES", "CANDIDATE_TEXT", "FLASH_TIER", "GIB", "LENSES", "Recommendation", "SECTIONS",
            "SHORTFALL_TEXT", "SizingConfig", "SizingResult", "TIB", "TIERS", "TIER_KEYS", "TierSpec", "WhatifReplay",
-           "default_config", "load_config", "recommend", "whatif_args", "whatif_command"]
+           "config_from_toml", "default_config", "load_config", "recommend", "whatif_args", "whatif_command"]

@@ -414,13 +414,19 @@ def load_config(path: str | os.PathLike) -> SizingConfig:
         data = p.read_bytes()
     except OSError as exc:
         raise KvtraceError(f"cannot read the config: {exc.strerror or exc}", path=str(p)) from None
+    return config_from_toml(data, str(p))
+
+
+def config_from_toml(data: bytes, source: str) -> SizingConfig:
+    """Validate the bytes of a sizing TOML file (read from disk, or uploaded) named ``source``
+    in every error (bad UTF-8, bad TOML with its line, a bad key)."""
     try:
         d = tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
-        raise KvtraceError("expected UTF-8 TOML text", path=str(p)) from None
+        raise KvtraceError("expected UTF-8 TOML text", path=source) from None
     except tomllib.TOMLDecodeError as exc:
-        raise KvtraceError(f"invalid TOML: {exc}", path=str(p)) from None
-    return SizingConfig.from_dict(d, source=str(p))
+        raise KvtraceError(f"invalid TOML: {exc}", path=source) from None
+    return SizingConfig.from_dict(d, source=source)
 
 
 def default_config() -> SizingConfig:

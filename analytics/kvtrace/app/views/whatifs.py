@@ -1,6 +1,7 @@
 """What-ifs: DRAM over local SSD / shared flash, admission policies, promotion, nodes
 (``kvtrace whatif``): comparison table, gain-vs-wear frontier, latency percentiles."""
 
+import dataclasses
 import json
 
 import polars as pl
@@ -81,9 +82,14 @@ except KvtraceError as exc:
     st.stop()
 
 gpu = ctx.gpu
-response = {"dram_fixed_s": state["wi_dram_ms"] / 1e3, "dram_bytes_per_s": state["wi_dram_gbps"] * 1e9,
-            "flash_fixed_s": state["wi_flash_ms"] / 1e3, "flash_bytes_per_s": state["wi_flash_gbps"] * 1e9,
-            "overhead_s": state["wi_overhead_ms"] / 1e3, "recompute_flops_per_s": gpu.effective_flops}
+try:  # a dict: the Streamlit cache's key
+    response = dataclasses.asdict(ResponseModel.in_units(
+        dram_gbps=state["wi_dram_gbps"], dram_latency_ms=state["wi_dram_ms"], flash_gbps=state["wi_flash_gbps"],
+        flash_latency_ms=state["wi_flash_ms"], overhead_ms=state["wi_overhead_ms"],
+        recompute_flops_per_s=gpu.effective_flops))
+except KvtraceError as exc:
+    st.error(exc.one_line())
+    st.stop()
 warmup = state["wi_warmup"].strip() or None
 values = None
 if any(c.parsed_policy.kind == "value" for c in configs):
