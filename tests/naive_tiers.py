@@ -210,6 +210,7 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
         if not admit(v, tier, now):
             return False
         tier.add(v, size[v], now_q, now_q)
+        written[current][which - 1] += size[v]
         if meas:
             counts[f"write_{name}"] += 1
             counts[f"write_{name}_tokens"] += size[v]
@@ -231,7 +232,9 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
         elif shared is not None:
             write_flash(v, now, now_q, meas)
 
+    written = [[0, 0] for _ in range(len(starts) - 1)]  # per request: tokens written to local SSD, shared flash
     for r in range(len(starts) - 1):
+        current = r
         lo, hi = starts[r], starts[r + 1]
         n, now, now_q = node[r], ts[r], tq[r]
         meas = r >= first_measured
@@ -348,10 +351,14 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
         usable, reusable, level = True, True, 0
         src = [0, 0, 0]
         fl_tok = fl_q = miss_tok = miss_q = 0
+        all_tok = all_q = pre_tok = pre_q = 0
+        reads = [0, 0, 0]
         for t in range(lo, hi):
             d = decision[t]
             k, s = tokens[t], size[block[t]]
             q = sum(range(pos[t] * block_tokens, pos[t] * block_tokens + k))  # positions of its tokens
+            all_tok += k
+            all_q += q
             if meas:
                 if d != MISS:
                     hist[d][2][hist_bin(tq[r] - since[t], shift)] += 1
@@ -370,6 +377,9 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
                     for w, x in (("blocks", 1), ("tokens", k), ("size", s), ("q", q)):
                         sums[f"prefix_{TIER_NAMES[level]}_{w}"] += x
                 src[d] += s
+                reads[d] += 1
+                pre_tok += k
+                pre_q += q
                 if d != DRAM:
                     fl_tok += k
                     fl_q += q
@@ -378,7 +388,8 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
                 miss_q += q
         branch = level if hi > lo and decision[lo] != MISS else MISS
         req_level.append(branch)
-        req_out.append((src[0], src[1], src[2], fl_tok, fl_q, miss_tok, miss_q))
+        req_out.append((src[0], src[1], src[2], fl_tok, fl_q, miss_tok, miss_q, all_tok, all_q, pre_tok, pre_q,
+                        reads[1], reads[2], *written[r]))
         if meas:
             counts[f"req_{dnames[branch]}"] += 1
     sums["value_captured"] = value_captured

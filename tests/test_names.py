@@ -50,6 +50,8 @@ def outputs(tmp_path_factory):
     run("whatif", CHAT, "--dram", "64GiB", "--flash", "1TiB", "--local-ssd", "256GiB", "--grid",
         "--out", d / "whatif.parquet", "--json", d / "whatif.json")
     run("size", CHAT, "--config", TIERS, "--out", d / "size.parquet", "--json", d / "size.json")
+    run("load", CHAT, "--dram", "64GiB", "--flash", "1TiB", "--local-ssd", "256GiB", "--load", "1x,64x",
+        "--out", d / "load.parquet", "--resources-out", d / "resources.parquet", "--json", d / "load.json")
     return d
 
 
@@ -81,6 +83,13 @@ def test_every_column_each_command_writes_is_listed_under_its_table(outputs):
     for row in size["candidates"]:
         assert_listed(row, "size")
     assert_listed(size["recommendation"]["figures"], "size")
+    assert_listed(pl.read_parquet_schema(d / "load.parquet").names(), "load")
+    assert_listed(pl.read_parquet_schema(d / "resources.parquet").names(), "load_resources")
+    doc = json.loads((d / "load.json").read_text())
+    for row in doc["levels"]:
+        assert_listed(row, "load")
+    for row in doc["resources"]:
+        assert_listed(row, "load_resources")
     for row in size["search"]:
         assert_listed(row, "size")
     for row in size["knees"]:
@@ -93,12 +102,13 @@ _ENDINGS = {
     "USD/h": ("_usd_per_hour", "usd_saved_per_hour"), "USD/month": ("_usd_per_month",),
     "USD/byte": ("_usd_per_byte",), "bytes/s": ("_bytes_per_s",), "bytes/day": ("_bytes_per_day",),
     "GPU-s": ("_gpu_seconds",), "GPU-s/h": ("gpu_seconds_saved_per_hour",), "GPU-h/month": ("_per_month",),
-    "DWPD": ("dwpd",), "share": ("_rate", "_share", "_rate_se", "fraction", "shortfall"),
-    "ratio": ("_ratio", "_headroom", "_realisation"), "s": ("_s",), "price": ("dollars_per_hour", "_per_byte",
+    "DWPD": ("dwpd",), "share": ("_rate", "_share", "_rate_se", "fraction", "shortfall", "_attainment"),
+    "ratio": ("_ratio", "_headroom", "_realisation", "_factor"), "s": ("_s",), "price": ("dollars_per_hour", "_per_byte",
                                                                             "_per_byte_second", "_per_tb",
                                                                             "_per_tb_month"),
-    "bytes/token": ("_per_token",),
+    "bytes/token": ("_per_token",), "requests/s": ("_rps",), "1/s": ("_per_s",),
 }
+_STARTS = {"utilisation": "util"}  # kvtrace load: util_<resource>, as queueing tools spell it
 _CANONICAL = {"timestamp"}  # DESIGN §1: the canonical tables' arrival column, seconds
 
 
@@ -108,6 +118,8 @@ def test_every_listed_name_follows_the_scheme():
         for name, (unit, meaning) in columns.items():
             assert unit in names.UNITS, (table, name, unit)
             assert name == name.lower() and " " not in name, name
+            if unit in _STARTS:
+                assert name.startswith(_STARTS[unit]), (table, name, unit)
             if name not in _CANONICAL and unit in _ENDINGS:  # a mapping of quantiles: of the named quantity
                 assert name.removesuffix("_quantiles").endswith(_ENDINGS[unit]), (table, name, unit)
             if name in seen:  # one unit for a name, wherever it is listed

@@ -250,7 +250,7 @@ def test_feeding_in_chunks_equals_one_call(case, policy, data):
     # keeping only each chunk's per-request rows: the same rows, the same sums
     by_chunk = sims[1].finish()
     assert by_chunk.req_out is None and by_chunk.counts == whole.counts and by_chunk.sums == whole.sums
-    npt.assert_array_equal(np.concatenate(chunk_rows) if chunk_rows else np.zeros((0, 7)), whole.req_out)
+    npt.assert_array_equal(np.concatenate(chunk_rows) if chunk_rows else np.zeros((0, K.N_REQ_COLS)), whole.req_out)
     nonempty = req_start[1:] > req_start[:-1]
     npt.assert_array_equal(whole.req_first[nonempty], whole.decision[req_start[:-1][nonempty]])
     assert (whole.req_first[~nonempty] == K.MISS).all()
@@ -526,7 +526,7 @@ def test_summary_and_requests_follow_the_twin(case, write_mode):
         assert row["flash_write_bytes_per_day"] == pytest.approx(c["write_flash_tokens"] * bpt / seconds * 86400)
         assert row["flash_dwpd"] == pytest.approx(row["flash_write_bytes_per_day"] / (kw["flash"] * bpt))
     # reads: mean and peak per 2-second window
-    out = np.array(want["req_out"], dtype=np.float64).reshape(R, 7)[first:]
+    out = np.array(want["req_out"], dtype=np.float64).reshape(R, K.N_REQ_COLS)[first:]
     win = np.floor((ts[first:] - ts[first]) / 2.0).astype(int)
     for i, t in enumerate(("local", "flash"), start=1):
         per_win = np.bincount(win, weights=out[:, i] * bpt) if R > first else np.zeros(1)

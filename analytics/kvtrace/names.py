@@ -21,6 +21,10 @@ The scheme
   (a node's local SSD), ``flash_`` (the shared flash pool), ``ssd_`` (local SSD and
   shared flash together: the flash level of a configuration). No prefix: the whole
   cache, all tiers together.
+- **Under load** (``kvtrace load``): a resource's busy share of time is
+  ``util_<resource>`` (``util_gpu``, ``util_host_link`` ...), request rates end in
+  ``_rps``, the share of requests meeting the TTFT SLO is ``slo_attainment``, and a
+  load level is its ``load_factor`` (arrival times divided by it).
 
 :data:`TABLES` lists every column of every result table with its unit; the README's
 "Metric names" section is generated from it (:func:`markdown`) and a test keeps the
@@ -37,7 +41,8 @@ from typing import NamedTuple
 import polars as pl
 
 #: Unit words used in :data:`TABLES`.
-UNITS = ("share", "bytes", "bytes/token", "tokens", "blocks", "s", "ms", "USD", "USD/h", "USD/month", "USD/byte",
+UNITS = ("share", "utilisation", "requests/s", "1/s", "bytes", "bytes/token", "tokens", "blocks", "s", "ms", "USD",
+         "USD/h", "USD/month", "USD/byte",
          "bytes/s",
          "bytes/day", "GPU-s", "GPU-s/h", "GPU-h/month", "FLOPs", "DWPD", "count", "ratio", "text", "bool", "id",
          "price")
@@ -228,6 +233,11 @@ _SIZE = {
     "reasons": ("text", "why not feasible or not applicable, and notes (\"; \"-separated)"),
     "estimated_service_time_mean_ms": ("ms", "the search's estimate of the mean (admit-all)"),
     "estimated_service_time_p99_ms": ("ms", "the search's estimate of P99 (admit-all)"),
+    "loaded_ttft_mean_ms": ("ms", "mean TTFT with queues at the replayed load (with [slo] ttft targets)"),
+    "loaded_ttft_p99_ms": ("ms", "P99 TTFT with queues at the replayed load"),
+    "loaded_bottleneck": ("text", "the resource most utilised (or overloaded) at that load"),
+    "load_headroom_factor": ("ratio", "highest multiple of the replayed load still meeting the TTFT targets (2 %)"),
+    "headroom_bottleneck": ("text", "the resource that saturates first at that multiple"),
     "before_config": ("text", "the recommendation's figures: today's configuration (keep-dram)"),
     "before_service_time_mean_ms": ("ms", "the recommendation's figures: today's mean service time"),
     "before_service_time_p99_ms": ("ms", "the recommendation's figures: today's P99 service time"),
@@ -353,6 +363,60 @@ _RESIDENCY = {
     "count": ("count", "blocks in the bin"),
 }
 
+_TTFT = {f"ttft_{k}_ms": ("ms", f"time to first token of the requests that finished, {w}")
+         for k, w in (("mean", "mean"), ("p50", "p50"), ("p90", "p90"), ("p99", "P99"), ("p999", "P99.9"))}
+
+_LOAD = {
+    "config": ("text", "configuration label"),
+    "load_factor": ("ratio", "arrival times divided by this (2 = twice the trace's rate)"),
+    "target_rps": ("requests/s", "the rate asked for with --rps (null with --load)"),
+    "arrival_rate_rps": ("requests/s", "measured requests over the measured span at this load"),
+    **_TTFT,
+    "goodput_rps": ("requests/s", "requests that met the TTFT SLO, per second of the measured span"),
+    "slo_ttft_ms": ("ms", "the TTFT SLO (--slo-ttft)"),
+    "slo_attainment": ("share", "measured requests that met the SLO (unfinished ones did not)"),
+    **{f"util_{r}": ("utilisation", f"busy share of the busiest {w} over the measured span (null: not used)")
+       for r, w in (("host_link", "host-to-GPU link"), ("nic", "NIC"), ("local_ssd", "local SSD"),
+                    ("flash", "flash target"), ("uplink", "rack uplink"), ("gpu", "node's GPU pool"))},
+    **{f"wait_p99_{r}_ms": ("ms", f"P99 queue wait of request jobs at the {w} (histogram: <= 1.1 % above "
+                                  "the exact value)")
+       for r, w in (("host_link", "host links"), ("nic", "NICs"), ("local_ssd", "local SSDs"),
+                    ("flash", "flash targets"), ("uplink", "uplink"), ("gpu", "GPUs"))},
+    "bottleneck": ("text", "the overloaded resource, else the most utilised"),
+    "restore_share": ("share", "requests with a local-SSD/flash prefix that restored it"),
+    "recompute_share": ("share", "requests with a local-SSD/flash prefix that recomputed it (deadline rule)"),
+    "tier_reading_request_share": ("share", "measured requests with a local-SSD/flash prefix"),
+    "dram_read_bytes": ("bytes", "usable-prefix bytes restored from DRAM"),
+    "local_read_bytes": ("bytes", "usable-prefix bytes restored from local SSDs"),
+    "flash_read_bytes": ("bytes", "usable-prefix bytes restored from the shared flash"),
+    "completed_requests": ("count", "measured requests that got their first token"),
+    "measured_requests": ("count", "requests after the warm-up"),
+    "overloaded": ("bool", "a queue wait passed --max-wait (or a resource cannot serve): the run stopped"),
+    "overload_resource": ("text", "the resource that overloaded"),
+    "overload_from_s": ("s", "start of its busy period, after the first measured arrival"),
+    "overload_at_s": ("s", "when the run stopped, after the first measured arrival"),
+    "dram_bytes": ("bytes", "DRAM per node"),
+    "local_ssd_bytes": ("bytes", "local SSD per node"),
+    "flash_bytes": ("bytes", "shared flash pool"),
+    "nodes": ("count", "nodes"),
+    "policy": ("text", "flash admission policy"),
+    "prefix_token_hit_rate": ("share", "usable-prefix token hit rate of the replay (all tiers)"),
+    "service_time_p99_ms": ("ms", "unloaded reusable-prefix service time, P99 (kvtrace whatif)"),
+}
+
+_LOAD_RESOURCES = {
+    "config": ("text", "configuration label"),
+    "load_factor": ("ratio", "the level"),
+    "resource": ("text", "host_link, nic, local_ssd, flash, uplink or gpu"),
+    "instance": ("id", "node (target for flash)"),
+    "util": ("utilisation", "busy share over the measured span (a GPU pool: per GPU)"),
+    "jobs": ("count", "jobs that arrived in the measured span"),
+    "job_rate_per_s": ("1/s", "their arrival rate"),
+    "mean_jobs_present": ("count", "time-average jobs queued or in service"),
+    "mean_sojourn_ms": ("ms", "mean time from arrival to departure"),
+    "mean_work_ms": ("ms", "mean service work"),
+}
+
 #: Every result table: (where it is written, {column: (unit, meaning)}).
 TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "curve": ("`kvtrace curve --out` and `--json` rows, SQL `curve` and `curve_by_group`, the Curves page", {
@@ -365,6 +429,8 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "distances": ("`kvtrace curve --distances-out`, SQL `accesses`", _DISTANCES),
     "whatif": ("`kvtrace whatif --out` and `--json`, SQL `whatif` (`export --whatif`), the What-ifs page", _WHATIF),
     "residency": ("`kvtrace whatif --json` residency", _RESIDENCY),
+    "load": ("`kvtrace load --out` and `--json` levels", _LOAD),
+    "load_resources": ("`kvtrace load --resources-out` and `--json` resources", _LOAD_RESOURCES),
     "size": ("`kvtrace size --out` and `--json` candidates, the Sizing page", _SIZE),
     "value_blocks": ("`kvtrace value --out`, SQL `blocks`", _VALUE_BLOCKS),
     "value_prefixes": ("`kvtrace value --prefixes-out`, SQL view `prefixes`", _VALUE_PREFIXES),

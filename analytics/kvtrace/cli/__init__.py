@@ -18,7 +18,7 @@ from __future__ import annotations
 import typer
 
 from kvtrace import __version__
-from kvtrace.cli import curve, dashboard, estimate, ingest, models, size, sql, stats, value, whatif
+from kvtrace.cli import curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
 from kvtrace.cli.console import console
 from kvtrace.cli.errors import OneLineUsageErrors, state
 
@@ -78,6 +78,7 @@ app.command()(ingest.synth)
 app.command()(curve.curve)
 app.command()(value.value)
 app.command()(whatif.whatif)
+app.command()(load.load)
 app.add_typer(estimate.estimate_app, name="estimate")
 app.command()(size.size)
 app.command()(sql.export)

@@ -127,7 +127,7 @@ def whatif(
 
     check_tables(out)
     check_suffix(plot, "plot", (".html", ".png", ".svg"), ".html, .png or .svg")
-    drams, flashes, policies = (_comma_list(v, name, example) for v, name, example in (
+    drams, flashes, policies = (comma_list(v, name, example) for v, name, example in (
         (dram, "dram", "256GiB"), (flash, "flash", "8TiB or 0"), (policy, "policy", "all,second-hit")))
     if not grid and (len(drams) > 1 or len(flashes) > 1):
         raise UsageError("several --dram or --flash sizes need --grid", field="grid")
@@ -170,7 +170,7 @@ def whatif(
                     scheduler, out, plot, json_out)
 
 
-def _comma_list(text: str, name: str, example: str) -> list[str]:
+def comma_list(text: str, name: str, example: str) -> list[str]:
     """The items of a comma-separated option; none at all is a usage error."""
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items:

@@ -22,7 +22,8 @@ from kvtrace.kernels.tier_table import (
     ABSENT, COLD_FLAG, COPY, C_ACC, C_EVICT, C_EVICT_TOK, C_OFFER, C_OFFER_TOK, C_PROMO, C_PROMO_TOK, C_REQ, C_WRITE,
     C_WRITE_TOK, DRAM, FLASH, I_BLOCK_TOKENS, I_FIRST_MEASURED, I_FLASH_LRU, I_HAS_FLASH, I_HAS_LOCAL, I_HAS_VALUES,
     I_NODES, I_PREFIX, I_PROMOTION, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, PROMOTE, P_GROUP,
-    P_ORACLE, P_TINYLFU, R_FL_Q, R_FL_TOK, R_MISS_Q, R_MISS_TOK, R_SRC, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
+    P_ORACLE, P_TINYLFU, R_FL_Q, R_FL_TOK, R_MISS_Q, R_MISS_TOK, R_PRE_Q, R_PRE_TOK, R_READS, R_SRC, R_TOTAL_Q,
+    R_TOTAL_TOK, R_WRITES, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
     S_VALUE_CAPTURED, COUNT, FIRST_REQ, HEAD, HIST_LAST, INFO, INS, LIST0, INFO_ORACLE, PREV, RLAST, INFO_SIZE,
     STAT, TCH, admit_offer, time_bin, evict_lru, link_before, link_mru, prefetch_ahead, sketch_add, unlink_row,
 )
@@ -106,6 +107,14 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         fl_q = 0.0
         miss_tok = 0.0
         miss_q = 0.0
+        all_tok = 0.0  # the load model's columns (REQUEST_COLUMNS)
+        all_q = 0.0
+        pre_tok = 0.0
+        pre_q = 0.0
+        reads_l = 0.0
+        reads_f = 0.0
+        wrote_l = 0.0
+        wrote_f = 0.0
         p_n = 0.0  # the current level's usable-prefix sums, flushed when the level changes
         p_tok = 0.0
         p_size = 0.0
@@ -193,6 +202,8 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                 kt = np.float64(tokens[t])
                 fs = np.float64(s)
                 q = kt * (np.float64(pos[t]) * B) + kt * (kt - 1.0) * 0.5
+                all_tok += kt
+                all_q += q
                 if meas:
                     if d != MISS:
                         lgap[d, time_bin(nq - since, shift)] += 1
@@ -220,13 +231,17 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                     p_tok += kt
                     p_size += fs
                     p_q += q
+                    pre_tok += kt
+                    pre_q += q
                     if d == DRAM:
                         src_d += fs
                     else:
                         if d == LOCAL:
                             src_l += fs
+                            reads_l += 1.0
                         else:
                             src_f += fs
+                            reads_f += 1.0
                         fl_tok += kt
                         fl_q += q
                 elif reusable:
@@ -288,6 +303,10 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                                         st[cand, X, INS] = nq
                                         st[cand, X, TCH] = nq
                                         used[X] += sv
+                                        if tier == 2:
+                                            wrote_f += sv
+                                        else:
+                                            wrote_l += sv
                                         if meas:
                                             cnt[C_WRITE + tier] += 1
                                             cnt[C_WRITE_TOK + tier] += sv
@@ -324,6 +343,14 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         req_out[R_FL_Q, rg - out_base] = fl_q
         req_out[R_MISS_TOK, rg - out_base] = miss_tok
         req_out[R_MISS_Q, rg - out_base] = miss_q
+        req_out[R_TOTAL_TOK, rg - out_base] = all_tok
+        req_out[R_TOTAL_Q, rg - out_base] = all_q
+        req_out[R_PRE_TOK, rg - out_base] = pre_tok
+        req_out[R_PRE_Q, rg - out_base] = pre_q
+        req_out[R_READS, rg - out_base] = reads_l
+        req_out[R_READS + 1, rg - out_base] = reads_f
+        req_out[R_WRITES, rg - out_base] = wrote_l
+        req_out[R_WRITES + 1, rg - out_base] = wrote_f
         # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
         if hi > lo and (decision[lo] & 3) != MISS:

@@ -92,10 +92,16 @@ N_SUMS = len(SUM_NAMES)
 
 #: Per-request columns: occupied tokens of the usable prefix by source tier, access
 #: tokens and q of its flash-sourced (local + shared) blocks, and of the reusable
-#: blocks beyond the usable prefix (recomputed).
+#: blocks beyond the usable prefix (recomputed); then what the load model
+#: (:mod:`kvtrace.analyses.load`) needs: tokens and q of all the request's accesses and
+#: of its usable prefix, the usable-prefix accesses read from the local SSD and from the
+#: shared flash (one read each), and the occupied tokens the request's touches wrote to
+#: its node's local SSD and to the shared flash (every request, warm-up included).
 REQUEST_COLUMNS = ("src_dram_size", "src_local_size", "src_flash_size", "flash_tokens", "flash_q",
-                   "miss_tokens", "miss_q")
+                   "miss_tokens", "miss_q", "total_tokens", "total_q", "prefix_tokens", "prefix_q",
+                   "local_reads", "flash_reads", "local_write_size", "flash_write_size")
 R_SRC, R_FL_TOK, R_FL_Q, R_MISS_TOK, R_MISS_Q = 0, 3, 4, 5, 6
+R_TOTAL_TOK, R_TOTAL_Q, R_PRE_TOK, R_PRE_Q, R_READS, R_WRITES = 7, 8, 9, 10, 11, 13
 N_REQ_COLS = len(REQUEST_COLUMNS)
 
 HIST_TIERS = ("dram", "local", "flash")

@@ -191,7 +191,7 @@ class TierRun(NamedTuple):
     req_first : int8[R] — decision of each request's first access (MISS if empty).
     req_level : int8[R] — request branch (deepest tier of the usable prefix; MISS when
         the usable prefix is empty).
-    req_out : float64[R, 7] — :data:`REQUEST_COLUMNS` per request (warm-up included;
+    req_out : float64[R, N_REQ_COLS] — :data:`REQUEST_COLUMNS` per request (warm-up included;
         a column-major view: each column is contiguous); None when the simulator kept
         only each chunk's (``chunk_columns``).
     counts : dict name -> int (:data:`COUNT_NAMES`, measured period).
@@ -304,7 +304,7 @@ class TierSimulator:
         self.last_val = np.zeros(M if has_values else 0, dtype=np.float64)
         self.req_first = np.full(n_req, MISS, dtype=np.int8)
         self.req_level = np.full(n_req, MISS, dtype=np.int8)
-        # per-request outputs by column (each column contiguous); TierRun gets the (R, 7) view
+        # per-request outputs by column (each column contiguous); TierRun gets the (R, N_REQ_COLS) view
         self.chunk_columns = bool(chunk_columns)
         # chunk rows: one buffer for every chunk, grown when a chunk needs more
         self.scratch = Scratch() if scratch is None and self.chunk_columns else scratch

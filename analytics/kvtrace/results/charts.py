@@ -416,3 +416,59 @@ def cost_slo_chart(result) -> alt.LayerChart:
         title=alt.TitleParams("Cost against the SLO metric", subtitle="small points: search estimates (admit-all); "
                               "diamonds: replayed same-SLO candidates; dashed: cost-latency frontier within "
                               "bandwidth and endurance"))
+
+
+def load_chart(table) -> alt.VConcatChart:
+    """Load curve: TTFT p50 (dashed) and p99 (solid) against the arrival rate, one
+    colour per configuration, the SLO as a rule, and below it the goodput (requests/s
+    within the SLO); the first level of each configuration at which a resource
+    saturates (utilisation >= 95 %, or overloaded) is marked with its name."""
+    from kvtrace.analyses.load import RESOURCES, SATURATED
+
+    rows = []
+    marks = []
+    for cfg in table["config"].unique(maintain_order=True).to_list():
+        sub = table.filter(pl.col("config") == cfg).sort("load_factor")
+        marked = False
+        for r in sub.iter_rows(named=True):
+            x = r["arrival_rate_rps"]
+            if x is None:
+                continue
+            for pct, col in (("p50", "ttft_p50_ms"), ("p99", "ttft_p99_ms")):
+                if r[col] is not None:
+                    rows.append({"config": cfg, "rate": x, "percentile": pct, "ttft_ms": r[col],
+                                 "load": f"{r['load_factor']:g}x", "goodput": r["goodput_rps"],
+                                 "bottleneck": r["bottleneck"], "overloaded": r["overloaded"]})
+            hot = [res for res in RESOURCES if (r.get(f"util_{res}") or 0.0) >= SATURATED]
+            if not marked and (r["overloaded"] or hot):
+                marked = True
+                what = r["overload_resource"] or r["bottleneck"]
+                marks.append({"config": cfg, "rate": x, "ttft_ms": r["ttft_p99_ms"],
+                              "what": f"{what} saturates" + (" (overloaded)" if r["overloaded"] else "")})
+    df = pl.DataFrame(rows, schema={"config": pl.String, "rate": pl.Float64, "percentile": pl.String,
+                                    "ttft_ms": pl.Float64, "load": pl.String, "goodput": pl.Float64,
+                                    "bottleneck": pl.String, "overloaded": pl.Boolean})
+    x = alt.X("rate:Q", title="arrival rate (requests/s)", scale=alt.Scale(zero=False))
+    color = alt.Color("config:N", title="configuration", scale=alt.Scale(scheme="tableau10"),
+                      legend=alt.Legend(labelLimit=0, orient="bottom", direction="vertical"))
+    tooltip = ["config:N", "load:N", alt.Tooltip("rate:Q", format=",.3~g", title="requests/s"), "percentile:N",
+               alt.Tooltip("ttft_ms:Q", format=",.1f", title="TTFT ms"), "bottleneck:N", "overloaded:N"]
+    slo = float(table["slo_ttft_ms"][0])
+    ttft = alt.Chart(df).mark_line(point=True).encode(
+        x=x, y=alt.Y("ttft_ms:Q", title="time to first token (ms, log)", scale=alt.Scale(type="log")),
+        color=color, strokeDash=alt.StrokeDash("percentile:N", title="TTFT", sort=["p99", "p50"],
+                                               scale=alt.Scale(range=[[1, 0], [5, 3]])),
+        tooltip=tooltip)
+    rule = alt.Chart(pl.DataFrame({"slo": [slo], "what": [f"SLO {slo:g} ms"]})).mark_rule(
+        color="firebrick", strokeDash=[2, 2]).encode(y="slo:Q", tooltip=["what:N"])
+    layers = [ttft, rule]
+    if marks:
+        mk = pl.DataFrame(marks)
+        layers += [alt.Chart(mk).mark_point(shape="diamond", size=220, filled=True, color="black").encode(
+                       x="rate:Q", y="ttft_ms:Q", tooltip=["config:N", "what:N"]),
+                   alt.Chart(mk).mark_text(dy=-14, fontSize=11).encode(x="rate:Q", y="ttft_ms:Q", text="what:N")]
+    top = alt.layer(*layers).properties(width=640, height=300, title="TTFT under load")
+    good = alt.Chart(df.filter(pl.col("percentile") == "p99")).mark_line(point=True).encode(
+        x=x, y=alt.Y("goodput:Q", title="goodput (requests/s within the SLO)"), color=color,
+        tooltip=["config:N", "load:N", alt.Tooltip("goodput:Q", format=",.3~g")]).properties(width=640, height=200)
+    return alt.vconcat(top, good)

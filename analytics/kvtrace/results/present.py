@@ -15,7 +15,8 @@ from kvtrace.units import format_bytes, format_seconds
 
 __all__ = [
     "KNEE_HEADS", "WHATIF_HEADS", "bandwidth", "count", "curve_table", "format_bytes", "format_seconds", "knee_table",
-    "milliseconds", "money", "per_tb", "rate", "signed_money", "plain_dollars", "whatif_rows",
+    "LOAD_HEADS", "milliseconds", "money", "per_tb", "rate", "signed_money", "plain_dollars", "whatif_rows",
+    "load_notes", "load_rows",
 ]
 
 
@@ -155,3 +156,54 @@ def whatif_rows(table: pl.DataFrame) -> list[tuple[str, ...]]:
         ))
     return rows
 
+
+
+LOAD_HEADS = ("config", "load", "arrivals/s", "TTFT mean", "p50", "p99", "p99.9", "SLO met", "goodput/s",
+              "bottleneck", "GPU", "host link", "NIC", "flash", "restore")
+
+
+def load_rows(table: pl.DataFrame) -> list[tuple[str, ...]]:
+    """The load table as text rows under :data:`LOAD_HEADS` (utilisations of the
+    busiest instance; an overloaded level's figures are those up to the overload)."""
+    rows = []
+    for r in table.iter_rows(named=True):
+        load = f"{r['load_factor']:g}x" if r.get("target_rps") is None else f"{r['target_rps']:g} rps"
+        bottleneck = r["bottleneck"] or "-"
+        if r["overloaded"]:
+            bottleneck = f"{bottleneck} OVERLOADED"
+        rows.append((r["config"], load, count(r["arrival_rate_rps"]) if r["arrival_rate_rps"] is not None else "-",
+                     milliseconds(r["ttft_mean_ms"]), milliseconds(r["ttft_p50_ms"]), milliseconds(r["ttft_p99_ms"]),
+                     milliseconds(r["ttft_p999_ms"]), rate(r["slo_attainment"]),
+                     count(r["goodput_rps"]) if r["goodput_rps"] is not None else "-", bottleneck,
+                     rate(r["util_gpu"]), rate(r["util_host_link"]), rate(r["util_nic"]), rate(r["util_flash"]),
+                     rate(r["restore_share"])))
+    return rows
+
+
+def load_notes(table: pl.DataFrame) -> list[str]:
+    """One line per overloaded level, and where each configuration saturates."""
+    from kvtrace.analyses.load import RESOURCES, SATURATED
+
+    out = []
+    for r in table.iter_rows(named=True):
+        if r["overloaded"]:
+            out.append(f"{r['config']} at {r['load_factor']:g}x: overloaded: {r['overload_resource']} at 100 % "
+                       f"from t = {r['overload_from_s']:.3f} s, queue grows without bound (stopped at "
+                       f"t = {r['overload_at_s']:.3f} s; figures up to then, unfinished requests miss the SLO)")
+    for cfg in table["config"].unique(maintain_order=True).to_list():
+        sub = table.filter(pl.col("config") == cfg).sort("load_factor")
+        for r in sub.iter_rows(named=True):
+            hot = [(res, r[f"util_{res}"]) for res in RESOURCES if r.get(f"util_{res}") is not None]
+            hot = [h for h in hot if h[1] >= SATURATED]
+            if r["overloaded"] or hot:
+                res = r["overload_resource"] or max(hot, key=lambda h: h[1])[0]
+                out.append(f"{cfg}: {res} saturates first, at {r['load_factor']:g}x "
+                           f"({count(r['arrival_rate_rps'])} requests/s)")
+                break
+        else:
+            last = sub.row(-1, named=True)
+            busiest = last["bottleneck"]
+            util = last.get(f"util_{busiest}") if busiest else None
+            out.append(f"{cfg}: no resource saturates up to {last['load_factor']:g}x; the busiest is "
+                       f"{busiest or '-'} at {rate(util)}")
+    return out

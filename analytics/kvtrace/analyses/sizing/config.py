@@ -122,13 +122,21 @@ SECTIONS = {
               "dtype": ("dtype", "str")},
     "gpu": {"name": ("gpu", "str"), "dollars_per_hour": ("gpu_dollars_per_hour", "money"),
             "peak_tflops": ("gpu_peak_tflops", "positive"), "mfu": ("gpu_mfu", "fraction")},
-    "slo": {"mean_ms": ("slo_mean_ms", "positive"), "p99_ms": ("slo_p99_ms", "positive")},
+    "slo": {"mean_ms": ("slo_mean_ms", "positive"), "p99_ms": ("slo_p99_ms", "positive"),
+            "ttft_mean_ms": ("slo_ttft_mean_ms", "positive"), "ttft_p99_ms": ("slo_ttft_p99_ms", "positive")},
     "economics": {"realisation": ("realisation", "share"), "dollars_per_kwh": ("dollars_per_kwh", "money"),
                   "hours_per_month": ("hours_per_month", "positive"),
                   "budget_monthly_usd": ("budget_monthly_usd", "positive"),
                   "same_capacity": ("same_capacity_bytes", "size")},
-    "load": {"scale": ("load_scale", "positive"), "window_s": ("window_s", "positive"),
-             "warmup": ("warmup", "str")},
+    "load": {"scale": ("load_scale", "positive"), "rps": ("load_rps", "positive"),
+             "window_s": ("window_s", "positive"), "warmup": ("warmup", "str"),
+             **{k: (f"queue_{k}", kind) for k, kind in (
+                 ("gpus_per_node", "int"), ("prefill_tokens_per_s", "positive"), ("prefill_batch_tokens", "int"),
+                 ("prefill_pass_ms", "nonneg"), ("host_link_gbps", "nonneg"), ("nic_gbps", "nonneg"),
+                 ("local_ssd_gbps", "nonneg"), ("flash_pool_gbps", "nonneg"), ("flash_iops", "nonneg"),
+                 ("flash_targets", "int"), ("uplink_gbps", "nonneg"), ("flash_write_gbps", "nonneg"),
+                 ("link_discipline", "str"), ("overlap", "share"), ("route_ms", "nonneg"), ("decode_ms", "nonneg"),
+                 ("max_wait_s", "positive"))}},
     "deployment": {"nodes": ("nodes", "int"), "routing": ("routing", "str"), "dram": ("current_dram_bytes", "size0")},
     "search": {"policies": ("policies", "strlist"), "eviction": ("eviction", "str")},
 }
@@ -151,6 +159,10 @@ class SizingConfig:
         GPU preset and overrides: $ per GPU-hour, dense peak TFLOP/s, MFU (``[gpu]``).
     slo_mean_ms, slo_p99_ms : float or None
         Targets for the reusable-prefix service time; at least one (``[slo]``).
+    slo_ttft_mean_ms, slo_ttft_p99_ms : float or None
+        Targets for the time to first token under load (``[slo] ttft_mean_ms`` /
+        ``ttft_p99_ms``): given, every candidate is also simulated with queues at the
+        configured load (:mod:`kvtrace.analyses.load`) and must meet them there.
     realisation : float
         Share of freed GPU time that becomes money (``[economics]``).
     dollars_per_kwh, hours_per_month : float
@@ -159,7 +171,14 @@ class SizingConfig:
     same_capacity_bytes : int or None
         Total capacity of the same-capacity lens (default: the curve's 95 % knee).
     load_scale : float
-        Replay at this multiple of the trace's arrival rate (``[load] scale``).
+        Replay at this multiple of the trace's arrival rate (``[load] scale``, the growth
+        factor).
+    load_rps : float or None
+        Replay at this arrival rate instead (``[load] rps``).
+    queue_* : optional
+        The resources of the load model (``[load] gpus_per_node``, ``nic_gbps`` ... as
+        :class:`kvtrace.analyses.load.LoadModel` and ``kvtrace load``'s options; unset:
+        its defaults); see :meth:`load_model`.
     window_s : float
         Window of the peak read bandwidth, s.
     warmup : str or None
@@ -182,6 +201,8 @@ class SizingConfig:
     tiers: dict
     slo_mean_ms: float | None = None
     slo_p99_ms: float | None = None
+    slo_ttft_mean_ms: float | None = None
+    slo_ttft_p99_ms: float | None = None
     model: str = "Llama-3.1-70B"
     kv_bytes_per_token: int | None = None
     dtype: str | None = None
@@ -194,6 +215,24 @@ class SizingConfig:
     budget_monthly_usd: float | None = None
     same_capacity_bytes: int | None = None
     load_scale: float = 1.0
+    load_rps: float | None = None
+    queue_gpus_per_node: int | None = None
+    queue_prefill_tokens_per_s: float | None = None
+    queue_prefill_batch_tokens: int | None = None
+    queue_prefill_pass_ms: float | None = None
+    queue_host_link_gbps: float | None = None
+    queue_nic_gbps: float | None = None
+    queue_local_ssd_gbps: float | None = None
+    queue_flash_pool_gbps: float | None = None
+    queue_flash_iops: float | None = None
+    queue_flash_targets: int | None = None
+    queue_uplink_gbps: float | None = None
+    queue_flash_write_gbps: float | None = None
+    queue_link_discipline: str | None = None
+    queue_overlap: float | None = None
+    queue_route_ms: float | None = None
+    queue_decode_ms: float | None = None
+    queue_max_wait_s: float | None = None
     window_s: float = 60.0
     warmup: str | None = None
     nodes: int = 1
@@ -283,6 +322,17 @@ class SizingConfig:
                 if pol.kind == "value":
                     raise err("search.policies", "value>=v needs per-access values: not available in kvtrace size")
             kw["policies"] = tuple(kw["policies"])
+        if "load_rps" in kw and "load_scale" in kw:
+            raise err("load.rps", "give [load] scale or rps, not both")
+        queue = {k: v for k, v in kw.items() if k.startswith("queue_")}
+        if queue and "slo_ttft_mean_ms" not in kw and "slo_ttft_p99_ms" not in kw:
+            raise err("slo.ttft_p99_ms", "the [load] resources are simulated against a TTFT target: expected "
+                                         "[slo] ttft_p99_ms and/or ttft_mean_ms (ms)")
+        try:
+            if queue or "slo_ttft_mean_ms" in kw or "slo_ttft_p99_ms" in kw:
+                cls(**{**kw, "current_dram_bytes": 0, "realisation": 0.0, "tiers": {}}).load_model()
+        except UsageError as exc:
+            raise err(f"load.{exc.field.replace('-', '_')}" if exc.field else "load", exc.message) from None
         if "warmup" in kw:
             from kvtrace.analyses.curves import parse_warmup
 
@@ -291,6 +341,53 @@ class SizingConfig:
             except UsageError as exc:
                 raise err("load.warmup", exc.message) from None
         return cls(**kw)
+
+    @property
+    def loaded(self) -> bool:
+        """Whether candidates are also simulated under load (a TTFT target is set)."""
+        return self.slo_ttft_mean_ms is not None or self.slo_ttft_p99_ms is not None
+
+    def load_model(self):
+        """The :class:`kvtrace.analyses.load.LoadModel` of the ``[load]`` resources (its
+        defaults where unset); the TTFT SLO is ``ttft_p99_ms`` (else ``ttft_mean_ms``)."""
+        from kvtrace.analyses.load import LoadModel
+
+        gb = lambda v: None if v is None else v * 1e9  # noqa: E731
+        kw = {"gpus_per_node": self.queue_gpus_per_node, "prefill_tokens_per_s": self.queue_prefill_tokens_per_s,
+              "prefill_batch_tokens": self.queue_prefill_batch_tokens,
+              "prefill_pass_s": None if self.queue_prefill_pass_ms is None else self.queue_prefill_pass_ms / 1e3,
+              "host_link_bytes_per_s": gb(self.queue_host_link_gbps), "nic_bytes_per_s": gb(self.queue_nic_gbps),
+              "local_ssd_bytes_per_s": gb(self.queue_local_ssd_gbps),
+              "flash_bytes_per_s": gb(self.queue_flash_pool_gbps), "flash_iops": self.queue_flash_iops,
+              "flash_targets": self.queue_flash_targets, "uplink_bytes_per_s": gb(self.queue_uplink_gbps),
+              "flash_write_bytes_per_s": gb(self.queue_flash_write_gbps),
+              "link_discipline": self.queue_link_discipline, "overlap": self.queue_overlap,
+              "route_s": None if self.queue_route_ms is None else self.queue_route_ms / 1e3,
+              "decode_s": None if self.queue_decode_ms is None else self.queue_decode_ms / 1e3,
+              "max_wait_s": self.queue_max_wait_s}
+        slo = self.slo_ttft_p99_ms if self.slo_ttft_p99_ms is not None else self.slo_ttft_mean_ms
+        if slo is not None:
+            kw["slo_ttft_s"] = slo / 1e3
+        return LoadModel(**{k: v for k, v in kw.items() if v is not None})
+
+    def ttft_slo_text(self) -> str:
+        """``TTFT P99 <= 2000 ms under load``."""
+        parts = []
+        if self.slo_ttft_mean_ms is not None:
+            parts.append(f"TTFT mean <= {self.slo_ttft_mean_ms:g} ms")
+        if self.slo_ttft_p99_ms is not None:
+            parts.append(f"TTFT P99 <= {self.slo_ttft_p99_ms:g} ms")
+        return " and ".join(parts) + " under load"
+
+    def meets_ttft(self, row: dict) -> bool:
+        """Whether a load level's row meets the TTFT targets (every request finished)."""
+        if row.get("overloaded"):
+            return False
+        for target, got in ((self.slo_ttft_mean_ms, row.get("ttft_mean_ms")),
+                            (self.slo_ttft_p99_ms, row.get("ttft_p99_ms"))):
+            if target is not None and (got is None or got > target):
+                return False
+        return True
 
     # ------------------------------------------------------------------ writing
     def to_dict(self) -> dict:

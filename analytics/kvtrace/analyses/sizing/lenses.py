@@ -113,7 +113,7 @@ TIER_TEXT = {"dram": "DRAM", "local_ssd": "local SSD", "shared_flash": "shared f
 
 #: constraint key of a shortfall -> how the output names it
 SHORTFALL_TEXT = {"slo_mean": "mean", "slo_p99": "P99", "dram_bandwidth": "DRAM bandwidth",
-                  "flash_bandwidth": "flash bandwidth", "endurance": "endurance (DWPD)"}
+                  "flash_bandwidth": "flash bandwidth", "endurance": "endurance (DWPD)", "ttft": "TTFT under load"}
 
 
 def shortfall_text(short: dict[str, float]) -> str:
@@ -183,6 +183,8 @@ COLUMNS = {
     "dwpd_headroom": pl.Float64, "meets_slo": pl.Boolean, "feasible": pl.Boolean, "shortfall": pl.Float64,
     "shortfalls": pl.String, "reasons": pl.String,
     "estimated_service_time_mean_ms": pl.Float64, "estimated_service_time_p99_ms": pl.Float64,
+    "loaded_ttft_mean_ms": pl.Float64, "loaded_ttft_p99_ms": pl.Float64, "loaded_bottleneck": pl.String,
+    "load_headroom_factor": pl.Float64, "headroom_bottleneck": pl.String,
 }
 
 # --------------------------------------------------------------------------- sizer

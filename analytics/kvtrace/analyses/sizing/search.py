@@ -18,7 +18,7 @@ import polars as pl
 from kvtrace.analyses.sizing.config import CANDIDATE_TEXT, SizingConfig
 from kvtrace.analyses.sizing.lenses import (COLUMNS, TIER_TEXT, Point, Sizer, config_label, ms_text, pct_text,
                                             point_cost, rank_rows, rate_text, same_budget, same_capacity, same_slo,
-                                            signed_usd_text, usd_text)
+                                            shortfall_text, signed_usd_text, usd_text)
 from kvtrace.analyses.sizing.replay import WhatifReplay, whatif_command
 from kvtrace.errors import KvtraceError
 from kvtrace.units import format_bytes
@@ -323,7 +323,13 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
                       peak_flops=None if c.gpu_peak_tflops is None else c.gpu_peak_tflops * 1e12)
     if trace.n_requests == 0:
         raise KvtraceError("the trace has no requests: nothing to size", path=trace.meta.source or None)
-    scaled = _scaled(trace, c.load_scale)
+    scale = c.load_scale
+    if c.load_rps is not None:
+        base = trace.n_requests / trace.duration if trace.duration > 0 else None
+        if not base:
+            raise KvtraceError("[load] rps needs a trace whose requests span some time", field="load.rps")
+        scale = c.load_rps / base
+    scaled = _scaled(trace, scale)
     first_req = warmup_first_request(scaled, parse_warmup(c.warmup))
     if first_req >= scaled.n_requests:
         raise KvtraceError("the warm-up covers the whole trace: nothing left to measure", field="load.warmup")
@@ -344,6 +350,9 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
     sz.keep_sim = sz.sim(sz.keep, "all")
     sz.recompute_sim = sz.sim(Point(0), "all")
     slo_rows = rank_rows(same_slo(sz, report))
+    if c.loaded:
+        report(0.6, "under load")
+        slo_rows = rank_rows(_under_load(sz, slo_rows))
     winner = slo_rows[0]
 
     report(0.65, "same-capacity lens")
@@ -373,7 +382,8 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
                           schema=_SEARCH_COLUMNS, orient="row").sort("candidate", "cost_usd_per_month")
     info = {
         "trace": trace.meta.source, "requests": trace.n_requests, "accesses": trace.n_accesses,
-        "duration_s": trace.duration, "replayed_duration_s": scaled.duration, "load_scale": c.load_scale,
+        "duration_s": trace.duration, "replayed_duration_s": scaled.duration, "load_scale": scale,
+        "load_assumptions": c.load_model().assumptions(sz.responses[None]) if c.loaded else None,
         "first_measured_request": first_req, "model": model.name, "kv_bytes_per_token": model.kv_bytes_per_token,
         "gpu": gpu.name, "gpu_dollars_per_hour": gpu.dollars_per_hour, "gpu_effective_flops": gpu.effective_flops,
         "slo": c.slo_text(), "same_capacity_bytes": target, "same_capacity_source": target_src,
@@ -390,6 +400,54 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
     shown = set(table["config"].drop_nulls().to_list())
     costs = {k: v for k, v in sz.costs.items() if k in shown}
     return SizingResult(table, rec, search, curve, c, info, costs, sims)
+
+
+# --------------------------------------------------------------------------- under load
+
+
+def _under_load(sz: Sizer, rows: list[dict]) -> list[dict]:
+    """Each applicable row also simulated with queues (:mod:`kvtrace.analyses.load`) at
+    the replayed load: its TTFT there (``loaded_ttft_*``), the highest load factor at
+    which it still meets the TTFT targets (``load_headroom_factor``, to 2 %) and the
+    resource that saturates first there (``loaded_bottleneck``). A row missing the
+    targets at the configured load is not feasible (shortfall ``ttft``)."""
+    from kvtrace.analyses.load import LoadLevel, headroom, replay_demand, run_level
+    from kvtrace.analyses.whatif import TierConfig
+
+    c = sz.config
+    load = c.load_model()
+    for row in rows:
+        if row["config"] is None:
+            continue
+        p = Point(row["dram_bytes"], row["local_ssd_bytes"], row["flash_bytes"])
+        response = sz.responses[p.flash_tier]
+        cfg = TierConfig(dram_bytes=p.dram, local_ssd_bytes=p.local, flash_bytes=p.flash, nodes=c.nodes,
+                         routing=c.routing, policy=row["policy"] or "all")
+        demand, _ = replay_demand(sz.trace, cfg, load, model=sz.model, gpu=sz.gpu, response=response,
+                                  eviction=c.eviction, warmup=c.warmup)
+        try:
+            at, _, _ = run_level(demand, LoadLevel(1.0), load, response)
+            factor, best = headroom(demand, load, response, c.meets_ttft)
+        finally:
+            demand.close()
+        row["loaded_ttft_mean_ms"] = at["ttft_mean_ms"]
+        row["loaded_ttft_p99_ms"] = at["ttft_p99_ms"]
+        row["loaded_bottleneck"] = at["bottleneck"]
+        row["load_headroom_factor"] = factor
+        row["headroom_bottleneck"] = None if best is None else best["bottleneck"]
+        if not c.meets_ttft(at):
+            short = dict(row.get("_shortfalls") or {})
+            excess = [got / target - 1 for target, got in ((c.slo_ttft_mean_ms, at["ttft_mean_ms"]),
+                                                           (c.slo_ttft_p99_ms, at["ttft_p99_ms"]))
+                      if target is not None and got is not None and got > target]
+            short["ttft"] = math.inf if at["overloaded"] else max(excess, default=math.inf)
+            why = (f"overloaded under load: {at['overload_resource']} saturates" if at["overloaded"] else
+                   f"{c.ttft_slo_text()} missed: TTFT mean {ms_text(at['ttft_mean_ms'])}, "
+                   f"P99 {ms_text(at['ttft_p99_ms'])} (bottleneck {at['bottleneck']})")
+            row.update(meets_slo=False, feasible=False, _shortfalls=short, shortfall=max(short.values()),
+                       shortfalls=shortfall_text(short),
+                       reasons="; ".join(filter(None, [row["reasons"], why])))
+    return rows
 
 
 # --------------------------------------------------------------------------- verdict
@@ -544,8 +602,21 @@ def _recommendation(sz: Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: s
     if info["search_sample_every"] > 1:
         risks.append(f"The search estimated on 1 in {info['search_sample_every']} requests; the table is replayed "
                      "in full.")
-    risks.append("Service times are unloaded (no queueing) and exclude the GPU time restores cost; prices are the "
-                 "config's.")
+    if c.loaded:
+        if top.get("load_headroom_factor") is not None:
+            reasons.append(
+                f"Under load ({info['load_assumptions']}): TTFT mean {ms_text(top['loaded_ttft_mean_ms'])}, P99 "
+                f"{ms_text(top['loaded_ttft_p99_ms'])} at the replayed rate; it meets {c.ttft_slo_text()} up to "
+                f"{top['load_headroom_factor']:.2f}x that rate, where {top['headroom_bottleneck']} is the busiest "
+                "resource (the first to saturate).")
+        elif top["config"] is not None:
+            reasons.append(f"Under load ({info['load_assumptions']}) it meets {c.ttft_slo_text()} at no load "
+                           f"tried: {top['loaded_bottleneck']} saturates first.")
+        risks.append("Under load, restores and prefills queue on the configured resources; the cache's behaviour "
+                     "is the trace's own at every load, and prices are the config's.")
+    else:
+        risks.append("Service times are unloaded (no queueing) and exclude the GPU time restores cost; prices are "
+                     "the config's (set [slo] ttft_p99_ms and the [load] resources to decide under load).")
     figures = {k: v for k, v in top.items() if not k.startswith("_")}
     figures.update({"before_service_time_mean_ms": keep["service_time_mean_ms"],
                     "before_service_time_p99_ms": keep["service_time_p99_ms"],

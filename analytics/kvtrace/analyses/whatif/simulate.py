@@ -121,7 +121,7 @@ def oracle_flags(trace: TraceSource, decisions: Column) -> Column:
 def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, first_req: int, node,
             policy: Policy, values: Column | None = None, oracle: Column | None = None, group=None, n_groups=1,
             decisions: Column | None = None, fold: RequestFold | None = None, progress=None,
-            scratch=None) -> K.TierRun:
+            scratch=None, on_chunk=None) -> K.TierRun:
     """One replay, chunk by chunk: ``values`` and ``oracle`` are read alongside the
     blocks; ``decisions``, if given, receives each access's decision; ``fold``, if
     given, each chunk's per-request outputs (the simulator keeps only the last chunk's)."""
@@ -142,6 +142,8 @@ def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, fi
         decision = sim.feed(ch.block, ch.tokens, ch.pos, ch.lrs, v, o)
         if fold is not None:
             fold.add(sim.chunk_out, ch.r, sim.req_first)
+        if on_chunk is not None:
+            on_chunk(ch, decision, sim.chunk_out, node)
         if decisions is not None:
             decisions.write(ch.lo, decision)
         if progress is not None:
@@ -164,6 +166,7 @@ def simulate(
     progress=None,
     requests_table: bool = True,
     scratch: Scratch | None = None,
+    on_chunk=None,
 ) -> WhatIfResult:
     """Replay ``trace`` through one tier configuration.
 
@@ -199,6 +202,13 @@ def simulate(
         Memory for the simulator's block table and per-request outputs, kept between
         calls that run one after another (:func:`sweep` passes one to all its
         configurations); results do not depend on it.
+    on_chunk : callable, optional
+        ``on_chunk(chunk, decisions, requests, node)`` after each chunk of the measured
+        replay: the :class:`~kvtrace.trace.source.AccessChunk` (blocks, tokens, pos,
+        local request offsets), its accesses' decisions, the simulator's per-request
+        rows of it (``kvtrace.kernels.tiers.REQUEST_COLUMNS``, warm-up requests
+        included) and the node of every request of the trace (how
+        :mod:`kvtrace.analyses.load` reads a replay).
 
     Returns
     -------
@@ -240,7 +250,7 @@ def simulate(
     try:
         fold = RequestFold(trace, first_req, config, bpt, a_coef, b_coef, response, requests_table)
         run = _replay(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,
-                      fold=fold, progress=progress, scratch=scratch)
+                      fold=fold, progress=progress, scratch=scratch, on_chunk=on_chunk)
     finally:
         if oracle is not None:
             oracle.drop()
