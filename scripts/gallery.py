@@ -93,6 +93,16 @@ def _charts():
     return charts
 
 
+def _load_table():
+    from kvtrace.analyses.load import LoadLevel, LoadModel, load_curve
+    from kvtrace.analyses.whatif import TierConfig
+    from kvtrace.ingest import load_trace
+
+    trace = load_trace(SAMPLES / "chat.jsonl")
+    configs = [TierConfig(dram_bytes=256 * GiB, flash_bytes=8 * TiB), TierConfig(dram_bytes=64 * GiB)]
+    return load_curve(trace, configs, [LoadLevel(x) for x in (0.5, 1, 2, 4, 16, 64)], LoadModel()).table
+
+
 def _app_charts():
     from kvtrace.app import charts as app_charts
 
@@ -107,6 +117,7 @@ GALLERY = {
     "curve-by-type": ("kvtrace.results.charts.curve_chart",
                       lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
     "frontier": ("kvtrace.results.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
+    "load": ("kvtrace.results.charts.load_chart", lambda: _charts().load_chart(_load_table())),
     "sizing-curve": ("kvtrace.results.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
     "sizing-cost": ("kvtrace.results.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
     "app-arrivals": ("kvtrace.app.charts.arrivals", lambda: _overview("arrivals")),
