@@ -447,6 +447,35 @@ def test_sizing_card_says_when_no_configuration_is_feasible(chat):
     assert "What would meet them" in warning and all(_md(n) in warning for n in rec.needed)
 
 
+def test_sizing_page_decides_under_load_when_a_ttft_target_is_set(chat):
+    """The form's [slo] ttft_p99_ms and [load] fields reach the library: the card shows
+    the loaded TTFT, the headroom and what saturates first, the table a column each,
+    all equal to ``recommend`` on the same config; the 'unloaded' risk line is gone."""
+    import dataclasses
+
+    from kvtrace.analyses.sizing import default_config, recommend
+
+    at = launch("views/sizing.py")
+    assert "P99 TTFT under load" not in metrics(at)
+    _sz_field(at, "slo.ttft_p99_ms").set_value("4000")
+    _sz_field(at, "load.gpus_per_node").set_value("4")
+    next(b for b in at.button if b.label == "Recommend").click()
+    at.run()
+    clean(at)
+    ref = recommend(chat, dataclasses.replace(default_config(), slo_ttft_p99_ms=4000.0, queue_gpus_per_node=4))
+    fig = ref.recommendation.figures
+    assert fig["load_headroom_factor"] is not None
+    m = metrics(at)
+    assert m["P99 TTFT under load"] == f"{fig['loaded_ttft_p99_ms']:,.1f} ms"
+    assert m["load headroom"] == f"{fig['load_headroom_factor']:.2f}x"
+    assert m["saturates first"] == fig["headroom_bottleneck"]
+    assert _card(at) == _expected_card(ref.recommendation)
+    shown = _sizing_tables(at)["same-slo"]
+    want = sizing_form.sizing_table(ref, "same-slo")
+    assert shown["headroom"].to_list() == ["-" if x is None else f"{x:.2f}x" for x in want["load_headroom_factor"]]
+    assert not any("unloaded" in r.value for r in at.markdown)
+
+
 def test_curves_and_whatifs_start_from_the_same_sizes():
     """One set of default tier sizes (choices.DEFAULT_TIERS), with units, on both pages."""
     curves = launch("views/curves.py")

@@ -111,6 +111,7 @@ def sizing_table(result, lens: str) -> pl.DataFrame:
     dashboard shows (the library's values, unformatted)."""
     cols = ["rank", "candidate", "config", "policy", "dram_prefix_token_hit_rate", "ssd_prefix_token_hit_rate",
             "service_time_mean_ms", "service_time_p99_ms", "cost_usd_per_month",
-            "net_usd_per_month", "break_even_realisation", "feasible", "reasons"]
+            "net_usd_per_month", "break_even_realisation", "loaded_ttft_p99_ms", "load_headroom_factor",
+            "headroom_bottleneck", "feasible", "reasons"]
     c = result.candidates
     return c.filter(pl.col("lens") == lens).sort("rank").select([x for x in cols if x in c.columns])

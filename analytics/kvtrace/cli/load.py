@@ -17,13 +17,12 @@ from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, kv_model
 from kvtrace.cli.options import (BlockTokensOpt, DtypeOpt, Eviction, Fmt, FormatOpt, GpuPriceOpt, KvBytesOpt,
                                  LibraryDefault, MfuOpt, ModelOpt, ShareTenantsOpt, TraceArg, parse_path,
                                  with_log_options)
-from kvtrace.cli.whatif import FlashOrder, Promotion, Routing, WriteMode, comma_list
+from kvtrace.cli.whatif import (DramGbpsOpt, DramLatencyOpt, DramOpt, EvictionOpt, FlashGbpsOpt, FlashLatencyOpt,
+                                FlashOpt, FlashOrder, FlashOrderOpt, GridOpt, InclusiveOpt, LocalSsdOpt, OverheadOpt,
+                                PolicyOpt, Promotion, PromotionOpt, Routing, RoutingOpt, StreamOpt, WarmupOpt,
+                                WriteMode, WriteModeOpt, comma_list)
 from kvtrace.errors import UsageError
 from kvtrace.results import present
-
-
-def _response_default(field: str) -> LibraryDefault:
-    return LibraryDefault("kvtrace.analyses.response", "ResponseModel", field=field)
 
 
 def _load_default(field: str) -> LibraryDefault:
@@ -43,18 +42,18 @@ def _gbps(v: Optional[float]) -> Optional[float]:
 @with_log_options
 def load(
     trace_path: Path = TraceArg,
-    dram: str = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid)."),
-    flash: str = typer.Option("0", "--flash", help="Shared flash pool, e.g. 8TiB (a comma list with --grid)."),
-    local_ssd: str = typer.Option("0", "--local-ssd", help="Local SSD per node (0 = none)."),
-    policy: str = typer.Option("all", "--policy", help="Flash admission, comma-separated (as kvtrace whatif)."),
-    grid: bool = typer.Option(False, "--grid", help="Every (DRAM, flash) pair of the --dram and --flash lists."),
+    dram: str = DramOpt,
+    flash: str = FlashOpt,
+    local_ssd: str = LocalSsdOpt,
+    policy: str = PolicyOpt,
+    grid: bool = GridOpt,
     load_levels: Optional[str] = typer.Option(
         None, "--load", help="Load factors: arrival times divided by each, e.g. 0.5x,1x,2x,4x (default 1x)."),
     rps: Optional[str] = typer.Option(None, "--rps", help="Target arrival rates instead, e.g. 50,100,200."),
-    slo_ttft_ms: float = typer.Option(_load_default("slo_ttft_ms"), "--slo-ttft", 
-        help="TTFT a request must meet for the goodput, ms."),
-    gpus_per_node: int = typer.Option(_load_default("gpus_per_node"), "--gpus-per-node", min=0, 
-        help="Prefill GPUs per node."),
+    slo_ttft_ms: float = typer.Option(
+        _load_default("slo_ttft_ms"), "--slo-ttft", help="TTFT a request must meet for the goodput, ms."),
+    gpus_per_node: int = typer.Option(
+        _load_default("gpus_per_node"), "--gpus-per-node", min=0, help="Prefill GPUs per node."),
     prefill_tokens_per_s: Optional[float] = typer.Option(
         None, "--prefill-tokens-per-s", help="Measured prefill tokens/s of one GPU (default: FLOPs / (peak x MFU))."),
     prefill_batch_tokens: Optional[int] = typer.Option(
@@ -63,12 +62,12 @@ def load(
     host_link_gbps: Optional[float] = typer.Option(
         None, "--host-link-gbps", help="Host-to-GPU link per node, GB/s (default: --dram-gbps)."),
     nic_gbps: float = typer.Option(_load_default("nic_gbps"), "--nic-gbps", help="NIC per node, GB/s."),
-    local_ssd_gbps: float = typer.Option(_load_default("local_ssd_gbps"), "--local-ssd-gbps", 
-        help="Local SSD per node, GB/s."),
-    flash_pool_gbps: float = typer.Option(_load_default("flash_pool_gbps"), "--flash-pool-gbps", 
-        help="Shared flash pool, aggregate GB/s."),
-    flash_iops: float = typer.Option(_load_default("flash_iops"), "--flash-iops", 
-        help="Shared flash pool, reads per second."),
+    local_ssd_gbps: float = typer.Option(
+        _load_default("local_ssd_gbps"), "--local-ssd-gbps", help="Local SSD per node, GB/s."),
+    flash_pool_gbps: float = typer.Option(
+        _load_default("flash_pool_gbps"), "--flash-pool-gbps", help="Shared flash pool, aggregate GB/s."),
+    flash_iops: float = typer.Option(
+        _load_default("flash_iops"), "--flash-iops", help="Shared flash pool, reads per second."),
     flash_targets: int = typer.Option(1, "--flash-targets", min=1, max=4096,
                                       help="Flash targets; a block is on the one its hash selects."),
     uplink_gbps: Optional[float] = typer.Option(None, "--uplink-gbps", help="Rack uplink, GB/s (default: none)."),
@@ -80,35 +79,28 @@ def load(
                                   help="Share of the prefill that may run during the restore (layer-wise load)."),
     route_ms: float = typer.Option(0.0, "--route-ms", help="Routing/queueing overhead per request, ms."),
     decode_ms: float = typer.Option(0.0, "--decode-ms", help="First decode step, ms."),
-    max_wait: float = typer.Option(_load_default("max_wait_s"), "--max-wait", 
-        help="A queue wait past this (s) declares overload."),
+    max_wait: float = typer.Option(
+        _load_default("max_wait_s"), "--max-wait", help="A queue wait past this (s) declares overload."),
     nodes: int = typer.Option(1, "--nodes", min=1, max=64, help="Nodes, each with its own DRAM and GPUs."),
-    routing: Routing = typer.Option(Routing.session, "--routing", help="Request routing across nodes."),
-    promotion: Promotion = typer.Option(Promotion.promote, "--promotion", help="On a flash hit."),
-    write_mode: WriteMode = typer.Option(WriteMode.on_evict, "--write-mode", help="write-on-evict or write-through."),
-    inclusive: bool = typer.Option(False, "--inclusive", help="Allow a block in two tiers."),
-    flash_order: FlashOrder = typer.Option(FlashOrder.lru, "--flash-order", help="Flash replacement: lru or fifo."),
-    eviction: Eviction = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model, as for kvtrace curve."),
-    stream: Optional[bool] = typer.Option(
-        None, "--stream/--no-stream", help="Replay a Parquet trace chunk by chunk from a spill file (default: when "
-                                           "an in-memory run would not fit the memory budget)."),
-    warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up (fraction or duration)."),
+    routing: Routing = RoutingOpt,
+    promotion: Promotion = PromotionOpt,
+    write_mode: WriteMode = WriteModeOpt,
+    inclusive: bool = InclusiveOpt,
+    flash_order: FlashOrder = FlashOrderOpt,
+    eviction: Eviction = EvictionOpt,
+    stream: Optional[bool] = StreamOpt,
+    warmup: Optional[str] = WarmupOpt,
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset for prefill time."),
     mfu: Optional[float] = MfuOpt,
     gpu_price: Optional[float] = GpuPriceOpt,
-    dram_gbps: float = typer.Option(_response_default("dram_gbps"), "--dram-gbps",
-                                    help="DRAM restore bandwidth, GB/s (the response model)."),
-    dram_latency_ms: float = typer.Option(_response_default("dram_latency_ms"), "--dram-latency-ms",
-                                          help="DRAM restore fixed latency, ms."),
-    flash_gbps: float = typer.Option(_response_default("flash_gbps"), "--flash-gbps",
-                                     help="Flash restore bandwidth of one request, GB/s."),
-    flash_latency_ms: float = typer.Option(_response_default("flash_latency_ms"), "--flash-latency-ms",
-                                           help="Flash restore fixed latency, ms."),
-    overhead_ms: float = typer.Option(_response_default("overhead_ms"), "--overhead-ms",
-                                      help="Per-request overhead of having a flash tier, ms."),
+    dram_gbps: float = DramGbpsOpt,
+    dram_latency_ms: float = DramLatencyOpt,
+    flash_gbps: float = FlashGbpsOpt,
+    flash_latency_ms: float = FlashLatencyOpt,
+    overhead_ms: float = OverheadOpt,
     out: Optional[Path] = typer.Option(None, "--out", "-o", parser=parse_path,
                                        help="Write the load table (.parquet/.csv/.json)."),
     resources_out: Optional[Path] = typer.Option(

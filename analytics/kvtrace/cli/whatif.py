@@ -52,50 +52,66 @@ class FlashOrder(str, Enum):
     fifo = "fifo"
 
 
+# Options shared with ``kvtrace load`` (one definition each).
+DramOpt = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid).")
+FlashOpt = typer.Option("0", "--flash", help="Shared flash pool, e.g. 8TiB (a comma list with --grid; 0 = none).")
+LocalSsdOpt = typer.Option("0", "--local-ssd", help="Local SSD per node (0 = none).")
+PolicyOpt = typer.Option(
+    "all", "--policy", help="Flash admission, comma-separated: all, none, second-hit, freq>=k, prob:p, idle<T, "
+                            "value>=v, reuse-oracle, tinylfu, group:type>=p.")
+GridOpt = typer.Option(False, "--grid", help="Sweep every (DRAM, flash) pair of the --dram and --flash lists.")
+RoutingOpt = typer.Option(Routing.session, "--routing", help="Request routing across nodes.")
+PromotionOpt = typer.Option(Promotion.promote, "--promotion", help="On a flash hit: promote, copy or none.")
+WriteModeOpt = typer.Option(WriteMode.on_evict, "--write-mode", help="write-on-evict or write-through.")
+InclusiveOpt = typer.Option(False, "--inclusive", help="Allow a block in two tiers (copy, write-through).")
+FlashOrderOpt = typer.Option(FlashOrder.lru, "--flash-order", help="Flash replacement: lru or fifo (log-structured).")
+EvictionOpt = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model, as for kvtrace curve.")
+StreamOpt = typer.Option(
+    None, "--stream/--no-stream", help="Replay a Parquet trace chunk by chunk from a spill file, memory bounded "
+                                       "by its distinct blocks and requests, same results bit for bit (default: "
+                                       "when an in-memory run would exceed half the available memory or "
+                                       "$KVTRACE_MEMORY_BUDGET).")
+WarmupOpt = typer.Option(None, "--warmup", help="Only measure after a warm-up (fraction or duration).")
+DramGbpsOpt = typer.Option(_DRAM_GBPS, "--dram-gbps", help="DRAM restore bandwidth, GB/s (illustrative default).")
+DramLatencyOpt = typer.Option(_DRAM_MS, "--dram-latency-ms", help="DRAM restore fixed latency, ms.")
+FlashGbpsOpt = typer.Option(_FLASH_GBPS, "--flash-gbps",
+                            help="Flash restore bandwidth of one request, GB/s (illustrative default).")
+FlashLatencyOpt = typer.Option(_FLASH_MS, "--flash-latency-ms", help="Flash restore fixed latency, ms.")
+OverheadOpt = typer.Option(_OVERHEAD_MS, "--overhead-ms", help="Per-request overhead of having a flash tier, ms.")
+
+
 @handles_errors
 @with_log_options
 def whatif(
     trace_path: Path = TraceArg,
-    dram: str = typer.Option(..., "--dram", help="DRAM per node, e.g. 256GiB (a comma list with --grid)."),
-    flash: str = typer.Option(
-        "0", "--flash", help="Shared flash pool, e.g. 8TiB (a comma list with --grid; 0 = none)."),
-    local_ssd: str = typer.Option("0", "--local-ssd", help="Local SSD per node (0 = none)."),
-    policy: str = typer.Option(
-        "all", "--policy", help="Flash admission, comma-separated: all, none, second-hit, freq>=k, prob:p, idle<T, "
-                                "value>=v, reuse-oracle, tinylfu, group:type>=p."),
-    grid: bool = typer.Option(False, "--grid", help="Sweep every (DRAM, flash) pair of the --dram and --flash lists."),
+    dram: str = DramOpt,
+    flash: str = FlashOpt,
+    local_ssd: str = LocalSsdOpt,
+    policy: str = PolicyOpt,
+    grid: bool = GridOpt,
     compare_local: bool = typer.Option(
         False, "--compare-local", help="Also run the same flash as a local SSD per node vs one shared pool (needs "
                                        "--nodes > 1 and --local-ssd)."),
     nodes: int = typer.Option(1, "--nodes", min=1, max=64, help="Nodes, each with its own DRAM (and local SSD)."),
-    routing: Routing = typer.Option(Routing.session, "--routing", help="Request routing across nodes."),
-    promotion: Promotion = typer.Option(
-        Promotion.promote, "--promotion", help="On a flash hit: promote, copy or none."),
-    write_mode: WriteMode = typer.Option(WriteMode.on_evict, "--write-mode", help="write-on-evict or write-through."),
-    inclusive: bool = typer.Option(False, "--inclusive", help="Allow a block in two tiers (copy, write-through)."),
-    flash_order: FlashOrder = typer.Option(
-        FlashOrder.lru, "--flash-order", help="Flash replacement: lru or fifo (log-structured)."),
-    eviction: Eviction = typer.Option(Eviction.prefix_aware, "--eviction", help="LRU model, as for kvtrace curve."),
-    stream: Optional[bool] = typer.Option(
-        None, "--stream/--no-stream", help="Replay a Parquet trace chunk by chunk from a spill file, memory bounded "
-                                           "by its distinct blocks and requests, same results bit for bit (default: "
-                                           "when an in-memory run would exceed half the available memory or "
-                                           "$KVTRACE_MEMORY_BUDGET)."),
-    warmup: Optional[str] = typer.Option(None, "--warmup", help="Only measure after a warm-up (fraction or duration)."),
+    routing: Routing = RoutingOpt,
+    promotion: Promotion = PromotionOpt,
+    write_mode: WriteMode = WriteModeOpt,
+    inclusive: bool = InclusiveOpt,
+    flash_order: FlashOrder = FlashOrderOpt,
+    eviction: Eviction = EvictionOpt,
+    stream: Optional[bool] = StreamOpt,
+    warmup: Optional[str] = WarmupOpt,
     model: Optional[str] = ModelOpt,
     kv_bytes_per_token: Optional[int] = KvBytesOpt,
     dtype: Optional[str] = DtypeOpt,
     gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU preset for recompute time and savings."),
     mfu: Optional[float] = MfuOpt,
     gpu_price: Optional[float] = GpuPriceOpt,
-    dram_gbps: float = typer.Option(_DRAM_GBPS, "--dram-gbps", help="DRAM restore bandwidth, GB/s (illustrative "
-                                                                    "default)."),
-    dram_latency_ms: float = typer.Option(_DRAM_MS, "--dram-latency-ms", help="DRAM restore fixed latency, ms."),
-    flash_gbps: float = typer.Option(_FLASH_GBPS, "--flash-gbps", help="Flash restore bandwidth, GB/s (illustrative "
-                                                                       "default)."),
-    flash_latency_ms: float = typer.Option(_FLASH_MS, "--flash-latency-ms", help="Flash restore fixed latency, ms."),
-    overhead_ms: float = typer.Option(_OVERHEAD_MS, "--overhead-ms", help="Per-request overhead of having a flash "
-                                                                          "tier, ms."),
+    dram_gbps: float = DramGbpsOpt,
+    dram_latency_ms: float = DramLatencyOpt,
+    flash_gbps: float = FlashGbpsOpt,
+    flash_latency_ms: float = FlashLatencyOpt,
+    overhead_ms: float = OverheadOpt,
     horizon: str = typer.Option(
         HorizonDefault, "--horizon", help="Horizon of the value kernel for value>=v policies."),
     workers: Optional[int] = typer.Option(

@@ -162,6 +162,15 @@ with st.container(border=True):
                 delta=None if None in (mean, before_mean) else f"{mean - before_mean:+,.1f} ms vs today")
     m[4].metric("break-even realisation", rate(fig.get("break_even_realisation")),
                 help=f"Share of freed GPU time that must become money; assumed {rate(config.realisation)}.")
+    if config.loaded:  # [slo] ttft targets: every same-SLO candidate was simulated with queues
+        head, neck = fig.get("load_headroom_factor"), fig.get("headroom_bottleneck") or fig.get("loaded_bottleneck")
+        u = st.columns(4)
+        u[0].metric("P99 TTFT under load", milliseconds(fig.get("loaded_ttft_p99_ms")),
+                    help=f"At the replayed load; target {config.ttft_slo_text()}.")
+        u[1].metric("mean TTFT under load", milliseconds(fig.get("loaded_ttft_mean_ms")))
+        u[2].metric("load headroom", "-" if head is None else f"{head:.2f}x",
+                    help="The highest multiple of the replayed load at which the TTFT targets still hold (2 %).")
+        u[3].metric("saturates first", neck or "-")
     st.markdown("\n".join(f"- {_md(r)}" for r in rec.reasons))
     if rec.risks:
         st.markdown("**Risks**\n" + "\n".join(f"- {_md(r)}" for r in rec.risks))
@@ -188,6 +197,10 @@ st.dataframe(
         "$/month": [money(x) for x in t["cost_usd_per_month"]],
         "net $/month": [money(x) for x in t["net_usd_per_month"]],
         "break-even": [rate(x) for x in t["break_even_realisation"]],
+        **({"TTFT P99 under load": [milliseconds(x) for x in t["loaded_ttft_p99_ms"]],
+            "headroom": ["-" if x is None else f"{x:.2f}x" for x in t["load_headroom_factor"]],
+            "saturates first": [x or "-" for x in t["headroom_bottleneck"]]}
+           if config.loaded else {}),
         "feasible": ["yes" if f else "no" for f in t["feasible"]],
         "reasons": [r or "" for r in t["reasons"]],
     }), hide_index=True, key=f"sz_table_{lens}")
