@@ -172,7 +172,15 @@ class ResponseModel:
     def in_units(cls, *, dram_gbps: float, dram_latency_ms: float, flash_gbps: float, flash_latency_ms: float,
                  overhead_ms: float, recompute_flops_per_s: float) -> "ResponseModel":
         """The model from the units people type (GB/s = 10**9 bytes/s, ms): the inverse of
-        the properties below, as ``kvtrace whatif`` options and the dashboard take it."""
+        the properties below, as ``kvtrace whatif`` options and the dashboard take it.
+        Values are checked in those units (an error names the option, ``flash-gbps``)."""
+        for name, v in (("dram-gbps", dram_gbps), ("flash-gbps", flash_gbps)):
+            if not v > 0:
+                raise UsageError(f"expected a positive rate in GB/s, got {v:g}", field=name)
+        for name, v in (("dram-latency-ms", dram_latency_ms), ("flash-latency-ms", flash_latency_ms),
+                        ("overhead-ms", overhead_ms)):
+            if not v >= 0:
+                raise UsageError(f"expected a non-negative time in ms, got {v:g}", field=name)
         return cls(dram_fixed_s=dram_latency_ms / 1e3, dram_bytes_per_s=dram_gbps * 1e9,
                    flash_fixed_s=flash_latency_ms / 1e3, flash_bytes_per_s=flash_gbps * 1e9,
                    overhead_s=overhead_ms / 1e3, recompute_flops_per_s=recompute_flops_per_s)

@@ -34,10 +34,6 @@ class Discipline(str, Enum):
     ps = "ps"
 
 
-def _gbps(v: Optional[float]) -> Optional[float]:
-    return None if v is None else v * 1e9
-
-
 @handles_errors
 @with_log_options
 def load(
@@ -133,18 +129,15 @@ def load(
     if not grid and (len(drams) > 1 or len(flashes) > 1):
         raise UsageError("several --dram or --flash sizes need --grid", field="grid")
     check_paths({"out": out, "resources-out": resources_out, "plot": plot}, {"TRACE": trace_path}, json_out)
-    for name, v in (("slo-ttft", slo_ttft_ms), ("route-ms", route_ms), ("decode-ms", decode_ms),
-                    ("prefill-pass-ms", prefill_pass_ms)):
-        if not v >= 0:
-            raise UsageError(f"expected a time >= 0, got {v}", field=name)
-    load_model = LoadModel(
-        gpus_per_node=gpus_per_node, prefill_tokens_per_s=prefill_tokens_per_s,
-        host_link_bytes_per_s=_gbps(host_link_gbps), nic_bytes_per_s=nic_gbps * 1e9,
-        local_ssd_bytes_per_s=local_ssd_gbps * 1e9, flash_bytes_per_s=flash_pool_gbps * 1e9, flash_iops=flash_iops,
-        flash_targets=flash_targets, uplink_bytes_per_s=_gbps(uplink_gbps),
-        flash_write_bytes_per_s=_gbps(flash_write_gbps), route_s=route_ms / 1e3, decode_s=decode_ms / 1e3,
-        overlap=overlap, link_discipline=link_discipline.value, prefill_batch_tokens=prefill_batch_tokens,
-        prefill_pass_s=prefill_pass_ms / 1e3, slo_ttft_s=slo_ttft_ms / 1e3, max_wait_s=max_wait)
+    if not slo_ttft_ms >= 0:
+        raise UsageError(f"expected a time >= 0 ms, got {slo_ttft_ms:g}", field="slo-ttft")
+    load_model = LoadModel.in_units(
+        gpus_per_node=gpus_per_node, prefill_tokens_per_s=prefill_tokens_per_s, host_link_gbps=host_link_gbps,
+        nic_gbps=nic_gbps, local_ssd_gbps=local_ssd_gbps, flash_pool_gbps=flash_pool_gbps, flash_iops=flash_iops,
+        flash_targets=flash_targets, uplink_gbps=uplink_gbps, flash_write_gbps=flash_write_gbps, route_ms=route_ms,
+        decode_ms=decode_ms, overlap=overlap, link_discipline=link_discipline.value,
+        prefill_batch_tokens=prefill_batch_tokens, prefill_pass_ms=prefill_pass_ms, slo_ttft_s=slo_ttft_ms / 1e3,
+        max_wait_s=max_wait)
     configs = config_grid(drams, flashes, policies, unique=False, local_ssd_bytes=local_ssd, nodes=nodes,
                           routing=routing.value, flash_order=flash_order.value, promotion=promotion.value,
                           write_mode=write_mode.value, inclusive=inclusive)

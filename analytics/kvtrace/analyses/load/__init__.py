@@ -65,7 +65,10 @@ token hit rate and unloaded P99 service time.
 Resources (:attr:`LoadResult.resources`): per configuration, level and station
 (``resource``, ``instance``): ``util``, ``jobs``, ``job_rate_per_s``,
 ``mean_jobs_present`` (time average), ``mean_sojourn_ms``, ``mean_work_ms``
-(Little's law: ``mean_jobs_present = job_rate_per_s x mean_sojourn``).
+(Little's law: ``mean_jobs_present = job_rate_per_s x mean_sojourn`` up to the window's
+edges: the sojourns of jobs that arrive in the window are counted to their end, the jobs
+present only inside it, so near saturation, where sojourns are long against the window,
+the two sides part).
 """
 
 from __future__ import annotations

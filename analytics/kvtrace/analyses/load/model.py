@@ -104,6 +104,32 @@ class LoadModel:
             raise UsageError(f"expected a token budget >= 1, got {self.prefill_batch_tokens}",
                              field="prefill-batch-tokens")
 
+    @classmethod
+    def in_units(cls, **kw) -> "LoadModel":
+        """The model from the units people type, as ``kvtrace load``'s options and the
+        ``[load]`` section take them: ``*_gbps`` (GB/s = 10**9 bytes/s) for
+        ``*_bytes_per_s``, ``*_ms`` for ``*_s`` (``max_wait_s`` stays in seconds), the rest
+        as the fields. Values are checked in those units, an error naming the option
+        (``nic-gbps``) and the value as typed; None leaves a field at its default."""
+        out = {}
+        for key, v in kw.items():
+            if v is None:
+                continue
+            if key.endswith("_gbps"):
+                field, scale, what = _GBPS_FIELDS.get(key, key[:-5] + "_bytes_per_s"), 1e9, "a rate >= 0 GB/s"
+            elif key.endswith("_ms"):
+                field, scale, what = key[:-3] + "_s", 1e-3, "a time >= 0 ms"
+            else:
+                field, scale, what = key, None, None
+            if field not in cls.__dataclass_fields__:
+                raise TypeError(f"LoadModel has no field for {key}")
+            if scale is not None:
+                if not (v >= 0 and v < math.inf):
+                    raise UsageError(f"expected {what}, got {v:g}", field=key.replace("_", "-"))
+                v = v * scale
+            out[field] = v
+        return cls(**out)
+
     @property
     def nic_gbps(self) -> float:
         """NIC bandwidth, GB/s (10**9 bytes/s): the unit of ``kvtrace load``'s options."""
@@ -149,8 +175,19 @@ class LoadModel:
                 f"{self.decode_s * 1e3:g} ms, restore/prefill overlap {self.overlap:g}")
 
 
+#: ``in_units`` keys whose field is not ``<key minus _gbps>_bytes_per_s``.
+_GBPS_FIELDS = {"flash_pool_gbps": "flash_bytes_per_s"}
+#: Field -> the option that sets it (its unit is the option's; see :meth:`LoadModel.in_units`).
+_OPTIONS = {"host_link_bytes_per_s": "host-link-gbps", "nic_bytes_per_s": "nic-gbps",
+            "local_ssd_bytes_per_s": "local-ssd-gbps", "flash_bytes_per_s": "flash-pool-gbps",
+            "uplink_bytes_per_s": "uplink-gbps", "flash_write_bytes_per_s": "flash-write-gbps",
+            "prefill_tokens_per_s": "prefill-tokens-per-s", "flash_iops": "flash-iops", "route_s": "route-ms",
+            "decode_s": "decode-ms", "prefill_pass_s": "prefill-pass-ms", "slo_ttft_s": "slo-ttft",
+            "max_wait_s": "max-wait"}
+
+
 def _opt(name: str) -> str:
-    return name.replace("_bytes_per_s", "").replace("_s", "").replace("_", "-")
+    return _OPTIONS.get(name, name.replace("_", "-"))
 
 
 @dataclass(frozen=True)

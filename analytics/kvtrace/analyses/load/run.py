@@ -5,6 +5,8 @@ and the highest load that still meets an SLO (:func:`headroom`)."""
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -230,9 +232,10 @@ def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpe
 def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: LoadModel, *,
                model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
                response: ResponseModel | None = None, eviction: str = "prefix-aware", warmup=None, values=None,
-               progress=None) -> LoadResult:
+               progress=None, threads: int | None = None) -> LoadResult:
     """Every configuration at every load level: one replay per configuration, one
-    queue simulation per level over its demand."""
+    queue simulation per level over its demand (levels run ``threads`` at a time, by
+    default one per core: the simulator releases the GIL; results do not depend on it)."""
     if not levels:
         raise UsageError("no load level to run", field="load")
     model = model if isinstance(model, ModelSpec) else resolve_model(model)
@@ -248,8 +251,7 @@ def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: 
         if progress is not None:
             progress(done, total)
         try:
-            for level in levels:
-                row, rs, _ = run_level(demand, level, load, response)
+            for row, rs in _levels(demand, levels, load, response, threads):
                 s = whatif.summary
                 row.update({"dram_bytes": config.dram_bytes, "local_ssd_bytes": config.local_ssd_bytes,
                             "flash_bytes": config.flash_bytes, "nodes": config.nodes, "policy": config.policy,
@@ -266,6 +268,21 @@ def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: 
             "response": response.__dict__.copy(), "warmup": warmup}
     return LoadResult(table_of(rows), pl.DataFrame(res_rows, infer_schema_length=None) if res_rows
                       else pl.DataFrame(), info)
+
+
+def _levels(demand: Demand, levels: list[LoadLevel], load: LoadModel, response: ResponseModel,
+            threads: int | None):
+    """``(row, resource rows)`` of each level, in the order of ``levels``, computed on up
+    to ``threads`` threads (each level is an independent simulation over ``demand``)."""
+    threads = max(1, min(len(levels), threads or os.cpu_count() or 1))
+    if threads == 1:
+        for level in levels:
+            row, rs, _ = run_level(demand, level, load, response)
+            yield row, rs
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        for row, rs, _ in pool.map(lambda level: run_level(demand, level, load, response), levels):
+            yield row, rs
 
 
 def table_of(rows: list[dict]) -> pl.DataFrame:

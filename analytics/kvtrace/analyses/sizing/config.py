@@ -352,23 +352,11 @@ class SizingConfig:
         defaults where unset); the TTFT SLO is ``ttft_p99_ms`` (else ``ttft_mean_ms``)."""
         from kvtrace.analyses.load import LoadModel
 
-        gb = lambda v: None if v is None else v * 1e9  # noqa: E731
-        kw = {"gpus_per_node": self.queue_gpus_per_node, "prefill_tokens_per_s": self.queue_prefill_tokens_per_s,
-              "prefill_batch_tokens": self.queue_prefill_batch_tokens,
-              "prefill_pass_s": None if self.queue_prefill_pass_ms is None else self.queue_prefill_pass_ms / 1e3,
-              "host_link_bytes_per_s": gb(self.queue_host_link_gbps), "nic_bytes_per_s": gb(self.queue_nic_gbps),
-              "local_ssd_bytes_per_s": gb(self.queue_local_ssd_gbps),
-              "flash_bytes_per_s": gb(self.queue_flash_pool_gbps), "flash_iops": self.queue_flash_iops,
-              "flash_targets": self.queue_flash_targets, "uplink_bytes_per_s": gb(self.queue_uplink_gbps),
-              "flash_write_bytes_per_s": gb(self.queue_flash_write_gbps),
-              "link_discipline": self.queue_link_discipline, "overlap": self.queue_overlap,
-              "route_s": None if self.queue_route_ms is None else self.queue_route_ms / 1e3,
-              "decode_s": None if self.queue_decode_ms is None else self.queue_decode_ms / 1e3,
-              "max_wait_s": self.queue_max_wait_s}
+        kw = {f[len("queue_"):]: getattr(self, f) for f in self.__dataclass_fields__ if f.startswith("queue_")}
         slo = self.slo_ttft_p99_ms if self.slo_ttft_p99_ms is not None else self.slo_ttft_mean_ms
         if slo is not None:
             kw["slo_ttft_s"] = slo / 1e3
-        return LoadModel(**{k: v for k, v in kw.items() if v is not None})
+        return LoadModel.in_units(**kw)
 
     def ttft_slo_text(self) -> str:
         """``TTFT P99 <= 2000 ms under load``."""
