@@ -38,6 +38,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py --keep
 	$(BIN)/python benchmarks/curve.py --keep
 	$(BIN)/python benchmarks/whatif.py --keep
+	$(BIN)/python benchmarks/load.py --keep
 	$(BIN)/python benchmarks/hashing.py
 	$(BIN)/python benchmarks/app.py --browser
 	$(BIN)/python benchmarks/table.py

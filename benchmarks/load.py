@@ -134,23 +134,23 @@ def breakdown(path: Path, r: Report, e2e_one: float, e2e_sweep: float) -> None:
     curve_sweep_s = time.perf_counter() - t0
     del trace
 
-    r.add("breakdown: interpreter start + import kvtrace.cli (child)",
+    r.add("`load` breakdown: interpreter start + import kvtrace.cli (child)",
           f"{startup.seconds:.2f} s", command=shlex.join(["python", *IMPORTS[1:]]))
-    r.add("breakdown: load_trace from Parquet", f"{read_s:.2f} s = {fmt_rate(n / read_s)}")
-    r.add("breakdown: simulate(), no per-request table (the replay alone, as kvtrace whatif runs it)",
+    r.add("`load` breakdown: load_trace from Parquet", f"{read_s:.2f} s = {fmt_rate(n / read_s)}")
+    r.add("`load` breakdown: simulate(), no per-request table (the replay alone, as kvtrace whatif runs it)",
           f"{replay_s:.2f} s = {fmt_rate(n / replay_s)}")
-    r.add("breakdown: replay_demand() (the replay + the demand fold)",
+    r.add("`load` breakdown: replay_demand() (the replay + the demand fold)",
           f"{demand_s:.2f} s: fold +{demand_s - replay_s:.2f} s over the replay alone")
     cells = []
     for lv, s, row in per_level:
         mark = " overload" if row["overloaded"] else ""
         cells.append(f"{lv.factor:g}x {s:.2f}{mark}")
     sim_total = sum(s for _, s, _ in per_level)
-    r.add(f"breakdown: run_level() per level, s ({R:,} requests each unless overloaded)",
+    r.add(f"`load` breakdown: run_level() per level, s ({R:,} requests each unless overloaded)",
           "; ".join(cells) + f"; total {sim_total:.2f} s")
-    r.add("breakdown: load_curve(), one level / the 8-level sweep",
+    r.add("`load` breakdown: load_curve(), one level / the 8-level sweep",
           f"{curve_one_s:.2f} s / {curve_sweep_s:.2f} s")
-    r.add("breakdown: end to end minus load_curve (start-up, read, render, write), one level / sweep",
+    r.add("`load` breakdown: end to end minus load_curve (start-up, read, render, write), one level / sweep",
           f"{e2e_one - curve_one_s:.2f} s / {e2e_sweep - curve_sweep_s:.2f} s")
 
 
@@ -197,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     wrow = whatif_table.row(0, named=True)
     r = Report(f"load: {wrow['measured_accesses'] / 1e6:.1f}M-access synthetic chat trace (canonical Parquet), "
                f"DRAM {DRAM} + flash {FLASH}", reproduce)
-    r.add("trace", f"{wrow['measured_requests']:,} requests, {wrow['measured_accesses']:,} block accesses, "
+    r.add("`load` benchmark trace",
+          f"{wrow['measured_requests']:,} requests, {wrow['measured_accesses']:,} block accesses, "
           f"{fmt_bytes(path.stat().st_size)} Parquet"
           + ("" if gen_s is None else f" (generated in {gen_s:.1f} s)"), command=command_text(synth_args))
     r.add("kvtrace whatif, one configuration, end to end", spread(secs["whatif"]),
@@ -212,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     r.add(f"kvtrace load, {len(LEVELS)} levels, none overloaded ({' '.join(AMPLE)}), end to end",
           spread(secs["load sweep, ample"]), f"<= {SWEEP_TARGET_S:g} s", ample <= SWEEP_TARGET_S,
           command_text(commands["load sweep, ample"]))
-    r.add(f"cost of one more level: (sweep - one level) / {len(LEVELS) - 1}", f"{per_level:.2f} s")
-    r.add("peak RSS: load 1x / load sweep / whatif (max over the timed runs)",
+    r.add(f"`load` cost of one more level: (sweep - one level) / {len(LEVELS) - 1}", f"{per_level:.2f} s")
+    r.add("`load` peak RSS: load 1x / load sweep / whatif (max over the timed runs)",
           f"{fmt_bytes(rss['load 1x'])} / {fmt_bytes(rss['load sweep'])} / {fmt_bytes(rss['whatif'])}",
           command=command_text(commands["load 1x"]))
-    r.add("untimed first runs (caches as found): whatif / load 1x / load sweep / ample sweep",
+    r.add("`load` untimed first runs (caches as found): whatif / load 1x / load sweep / ample sweep",
           " / ".join(f"{first[k].seconds:.2f} s" for k in names))
-    r.add("load tables consistent (sweep's 1x row = one-level run; hit rate = whatif's)",
+    r.add("`load` tables consistent (sweep's 1x row = one-level run; hit rate = whatif's)",
           "yes" if not bad else "NO: " + "; ".join(bad), "yes", not bad)
     if not args.skip_breakdown:
         breakdown(path, r, one, sweep)
