@@ -424,6 +424,8 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "group_name": ("text", "group (--by; `all` = the whole trace)"),
         **_CURVE,
         "prefix_token_hit_rate_se": ("share", "estimated standard error of prefix_token_hit_rate (--sample-rate)"),
+        "rejected_request_share": ("share", "share of measured requests the engine rejects as larger than its pool "
+                                            "(--cache-rules vllm)"),
     }),
     "knees": ("`kvtrace curve --json` and `size --json` knees, SQL `knees`", _KNEES),
     "distances": ("`kvtrace curve --distances-out`, SQL `accesses`", _DISTANCES),

@@ -14,8 +14,8 @@ from kvtrace import names
 from kvtrace.cli.console import console, progress, report_written, warn, write_json
 from kvtrace.cli.errors import handles_errors
 from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, kv_model, load, scan_streamed
-from kvtrace.cli.options import (BlockTokensOpt, DtypeOpt, Engine, EngineOpt, Eviction, Fmt, FormatOpt, GpuPriceOpt,
-                                 KvBytesOpt, MfuOpt, ModelOpt, SchedulerOpt, ShareTenantsOpt, TraceArg, parse_path,
+from kvtrace.cli.options import (BlockTokensOpt, CacheRules, DtypeOpt, Engine, EngineOpt, Eviction, Fmt,
+                                 FormatOpt, GpuPriceOpt, KvBytesOpt, MfuOpt, ModelOpt, SchedulerOpt, ShareTenantsOpt, TraceArg, parse_path,
                                  with_log_options)
 from kvtrace.errors import UsageError
 from kvtrace.results import present
@@ -55,10 +55,16 @@ def curve(
     eviction: Eviction = typer.Option(
         Eviction.prefix_aware, "--eviction", help="prefix-aware (request-atomic, radix-tree-like) or flat (plain "
                                                   "block LRU over the chain stream)."),
+    cache_rules: CacheRules = typer.Option(
+        CacheRules.ideal, "--cache-rules", help="ideal (kvtrace's request-atomic LRU, one pass, every capacity) or "
+                                                "vllm: vLLM v1's own prefix-cache rules, one exact replay per "
+                                                "capacity on a thinned grid (what the engine would report)."),
     capacity: Optional[str] = typer.Option(
         None, "--capacity", "-c", help="Exact capacities, e.g. 64GiB,1TiB,500GB (default: ~200 log-spaced from one "
                                        "block to all distinct bytes)."),
-    points: int = typer.Option(200, "--points", min=2, max=100000, help="Grid points of the default capacity grid."),
+    points: Optional[int] = typer.Option(
+        None, "--points", min=2, max=100000, help="Grid points of the default capacity grid (default 200; 24 pool "
+                                                  "sizes with --cache-rules vllm)."),
     warmup: Optional[str] = typer.Option(
         None, "--warmup", help="Only measure after a warm-up: a fraction of requests (0.1, 10%) or a duration "
                                "(10min)."),
@@ -113,6 +119,14 @@ def curve(
         raise UsageError("expected sizes such as 64GiB,1TiB, got an empty list (leave --capacity out for the "
                          "default grid)", field="capacity")
     _dask_only(engine, scheduler=scheduler, workers=workers, partitions=partitions)
+    if cache_rules != CacheRules.ideal:
+        for flag, value, given in (("eviction", eviction, eviction != Eviction.prefix_aware),
+                                   ("sample-rate", sample_rate, sample_rate is not None),
+                                   ("distances-out", distances_out, distances_out is not None),
+                                   ("engine", engine, engine == Engine.dask)):
+            if given:
+                raise UsageError(f"--{flag} applies to the ideal model only (--cache-rules {cache_rules.value} "
+                                 "replays the engine's own rules)", field=flag)
     check_paths({"out": out, "plot": plot, "distances-out": distances_out}, {"TRACE": trace_path}, json_out)
     m = kv_model(model, kv_bytes_per_token, dtype)
     g = resolve_gpu(gpu, mfu=mfu, dollars_per_hour=gpu_price)
@@ -124,7 +138,7 @@ def curve(
                 raise UsageError(f"--{flag} is not available with --engine dask", field=flag)
         t0 = time.perf_counter()
         result = _curve_on_dask(trace_path, scheduler, workers or 2, partitions, fmt, block_tokens, share_tenants,
-                                model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points,
+                                model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points or 200,
                                 warmup=warmup)
     else:
         trace = _open_curve_trace(trace_path, fmt, block_tokens, share_tenants, stream, by, distances_out)
@@ -139,11 +153,19 @@ def curve(
                 cb = lambda done, total: prog.update(task, completed=done, total=total)  # noqa: E731
                 if distances_out is not None:
                     dist = reuse_distances(trace, eviction.value, details=True, progress=cb)
-                result = compute_curve(
-                    trace, model=m, gpu=g, eviction=eviction.value, capacities=caps,
-                    display_capacities=display_caps, points=points, warmup=warmup, by=by.value if by else None,
-                    sample_rate=sample_rate, distances=dist, progress=cb,
-                )
+                if cache_rules != CacheRules.ideal:
+                    from kvtrace.analyses.engine import ENGINE_POINTS, engine_curve
+
+                    prog.update(task, description=f"{cache_rules.value} replays")
+                    result = engine_curve(trace, cache_rules.value, model=m, gpu=g, capacities=caps,
+                                          points=points or ENGINE_POINTS, warmup=warmup,
+                                          by=by.value if by else None, progress=cb)
+                else:
+                    result = compute_curve(
+                        trace, model=m, gpu=g, eviction=eviction.value, capacities=caps,
+                        display_capacities=display_caps, points=points or 200, warmup=warmup,
+                        by=by.value if by else None, sample_rate=sample_rate, distances=dist, progress=cb,
+                    )
                 result.info["shared_first_block"] = shared_first_block(trace, result.info["first_measured_request"])
     display = result.display if result.display is not None else result.curve
     elapsed = time.perf_counter() - t0
@@ -216,8 +238,9 @@ def _curve_on_dask(trace_path: Path, scheduler: Optional[str], workers: int, par
 
 def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
     info = result.info
+    rules = info.get("cache_rules")
     title = (f"{trace_path.name}: {info['model']} ({info['kv_bytes_per_token']:,} B/token), "
-             f"{info['eviction']} LRU")
+             + (f"{rules} cache rules, {info['grid']}" if rules else f"{info['eviction']} LRU"))
     if result.approximate:
         err = info["error_estimate"]
         pts = lambda x: "-" if x is None else f"{100 * x:.2f}"  # noqa: E731  (None: too few sampled accesses)
@@ -268,6 +291,12 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
                       "share of requests whose usable prefix covers at least half their prompt (half-prefix "
                       "requests)",
                       markup=False, soft_wrap=True)
+    if rules:
+        rejected = [x for x in result.curve["rejected_request_share"].to_list() if x]
+        console.print(f"rules applied: {info['cache_rules_text']}. The usable-prefix token rate is what the "
+                      f"engine's own metric reports; knees at the grid's resolution"
+                      + (f"; up to {100 * max(rejected):.2f}% of the requests are rejected as larger than the pool "
+                         "(counted as misses)" if rejected else ""), markup=False, soft_wrap=True)
     console.print(f"[dim]{info['measured_accesses']:,} accesses measured"
                   f"{' after warm-up' if info['warmup'] else ''}, {info['distinct_blocks']:,} distinct blocks "
                   f"({format_bytes(info['distinct_bytes'])}); computed in {elapsed:.2f} s[/dim]")

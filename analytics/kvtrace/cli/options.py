@@ -99,6 +99,14 @@ class Eviction(str, Enum):
     flat = "flat"
 
 
+class CacheRules(str, Enum):
+    """``--cache-rules``: kvtrace's ideal model, or an engine's own prefix-cache rules
+    (:mod:`kvtrace.analyses.engine`)."""
+
+    ideal = "ideal"
+    vllm = "vllm"
+
+
 class Engine(str, Enum):
     local = "local"
     dask = "dask"

@@ -1,0 +1,305 @@
+"""What the engine would report: capacity-hit curves under vLLM's or SGLang's own
+prefix-cache rules (``--cache-rules vllm|sglang``) instead of kvtrace's ideal
+request-atomic LRU (``ideal``, :func:`kvtrace.analyses.curves.compute_curve`).
+
+The engines' rules break the stack property (a recomputed last block cached twice,
+requests larger than the pool rejected, whole radix leaves evicted), so a curve is one
+exact replay per capacity (:mod:`kvtrace.kernels.engine_vllm`), on a thinned grid: about
+:data:`ENGINE_POINTS` log-spaced pool sizes from one block to every distinct block (or
+the capacities asked for), each a whole number of blocks (a pool holds full blocks).
+The tables are the ideal curve's, metric for metric, computed from each replay's hits
+by the same evaluation (:func:`kvtrace.analyses.curves._evaluate` on a one-capacity
+histogram), with these differences, stated in ``info``:
+
+- an engine reuses only a request's leading cached blocks, so the any-block rates equal
+  the usable-prefix ones;
+- ``prefix_token_hit_rate`` is what the engine's own metric reports (vLLM: the sum of
+  ``num_cached_tokens`` over the prompt tokens; a rejected request counts its tokens as
+  missed); ``rejected_request_share`` is the share of measured requests the engine
+  rejects as larger than its pool;
+- the ceiling is the rules' own at an unbounded pool (no eviction, no rejection: a
+  block hits once an earlier request cached it, within the rules' cap), reached at the
+  capacity of every distinct block or above; knees are the smallest *evaluated*
+  capacity reaching each fraction of it (grid resolution, not an exact search).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from numba import njit
+
+from kvtrace.analyses.curve_pass import CurvePass
+from kvtrace.analyses.curves import (KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, CurveResult, _evaluate, _nan_none,
+                                     default_grid, plan_curve)
+from kvtrace.config import NJIT
+from kvtrace.errors import UsageError
+from kvtrace.kernels import engine_vllm as V
+from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, LAST_TOKEN_CAP
+from kvtrace.kernels.stackdist import COLD
+
+CACHE_RULES = ("ideal", "vllm", "sglang")
+#: Pool sizes of an engine curve's default grid.
+ENGINE_POINTS = 24
+#: Bytes of replay state an engine curve may hold at once (capacities are replayed in
+#: groups that fit; each group is one pass over the trace).
+STATE_BUDGET_BYTES = 1 << 30
+
+RULE_TEXT = {
+    "vllm": ("vLLM v1 prefix caching: hits capped at the prompt's length - 1 tokens (a block-aligned prompt's last "
+             "block is recomputed and cached again as a second copy), only full blocks hashed, a request larger "
+             "than the pool rejected, blocks freed tail-first to the free queue's tail (a block without a hash to "
+             "its head)"),
+}
+
+
+@dataclass(frozen=True)
+class EngineRules:
+    """The rules of one engine (``name``) and which of them apply (``bits``: the
+    kernel's flags; default all)."""
+
+    name: str
+    bits: int
+
+    @classmethod
+    def of(cls, name: str) -> "EngineRules":
+        if name == "vllm":
+            return cls("vllm", V.ALL_RULES)
+        if name == "sglang":
+            raise UsageError("--cache-rules sglang is not available yet: use ideal or vllm", field="cache-rules")
+        raise UsageError(f"expected one of {', '.join(CACHE_RULES)}, got '{name}'", field="cache-rules")
+
+    @property
+    def text(self) -> str:
+        if self.bits == V.ALL_RULES:
+            return RULE_TEXT[self.name]
+        return f"{RULE_TEXT[self.name]}; rules off: " + ", ".join(
+            name for bit, name in V.RULE_NAMES.items() if not self.bits & bit)
+
+
+@njit(**NJIT)
+def _accumulate(hit_blocks, rejected, tokens, pos, block, size, lrs, r0, first_req, req_group, block_tokens, hist,
+                req_hit, half_hit, n_rejected):
+    """Add one chunk's hits at one capacity: the one-capacity histogram ``hist[2,
+    n_groups, 3, 4]`` (bin 0 hit, bin 2 miss; the weights of
+    :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, and per
+    request whether it hit and whether its hit covers half its prompt tokens."""
+    grouped = req_group.shape[0] > 0
+    bt = np.float64(block_tokens)
+    for i in range(lrs.shape[0] - 1):
+        r = r0 + i
+        lo, hi = lrs[i], lrs[i + 1]
+        h = hit_blocks[i]
+        total = 0
+        got = 0
+        for t in range(lo, hi):
+            total += tokens[t]
+            if t - lo < h:
+                got += tokens[t]
+        req_hit[r] = h >= 1
+        half_hit[r] = hi > lo and got >= (total + 1) // 2
+        if r < first_req:
+            continue
+        if rejected[i]:
+            n_rejected[0] += 1
+        g = req_group[r] if grouped else 0
+        for t in range(lo, hi):
+            b = 0 if t - lo < h else 2
+            k = np.float64(tokens[t])
+            s = np.float64(pos[t]) * bt
+            w2 = np.float64(size[block[t]])
+            w3 = k * s + k * (k - 1.0) * 0.5
+            for x in range(2):
+                hist[x, g, b, 0] += 1.0
+                hist[x, g, b, 1] += k
+                hist[x, g, b, 2] += w2
+                hist[x, g, b, 3] += w3
+
+
+@njit(**NJIT)
+def _unbounded_chunk(block, tokens, lrs, block_tokens, rules, cached, hit_blocks):
+    """The rules at an unbounded pool: a block hits once an earlier request cached it
+    (its leading run, within the cap), every hashable block is cached."""
+    cap = (rules & LAST_TOKEN_CAP) != 0
+    full_only = (rules & FULL_BLOCKS_ONLY) != 0
+    for r in range(lrs.shape[0] - 1):
+        lo, hi = lrs[r], lrs[r + 1]
+        total = 0
+        for t in range(lo, hi):
+            total += tokens[t]
+        h = 0
+        end = 0
+        while lo + h < hi:
+            t = lo + h
+            end += tokens[t]
+            if (cap and end > total - 1) or (full_only and tokens[t] != block_tokens) or not cached[block[t]]:
+                break
+            h += 1
+        hit_blocks[r] = h
+        for t in range(lo, hi):
+            if not full_only or tokens[t] == block_tokens:
+                cached[block[t]] = True
+
+
+class _Pool:
+    """One capacity's replay state and its sums."""
+
+    def __init__(self, pages: int, n_ids: int, R: int, n_groups: int):
+        self.pages = pages
+        self.state = V.new_state(pages, n_ids) if pages >= 0 else None
+        self.cached = np.zeros(n_ids, dtype=np.bool_) if pages < 0 else None
+        self.slots = np.empty(max(pages, 1), dtype=np.int64)
+        self.hist = np.zeros((2, n_groups, 3, 4), dtype=np.float64)
+        self.req_hit = np.zeros(R, dtype=np.bool_)
+        self.half_hit = np.zeros(R, dtype=np.bool_)
+        self.rejected = np.zeros(1, dtype=np.int64)
+
+    def step(self, ch, B, rules, size, first_req, req_group):
+        n = ch.lrs.shape[0] - 1
+        hit = np.zeros(n, dtype=np.int32)
+        rej = np.zeros(n, dtype=np.bool_)
+        block = np.ascontiguousarray(ch.block, dtype=np.int64)
+        tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
+        if self.state is None:
+            _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
+        else:
+            V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, hit, rej)
+        _accumulate(hit, rej, tokens, ch.pos, block, size, ch.lrs, ch.r, first_req, req_group, B, self.hist,
+                    self.req_hit, self.half_hit, self.rejected)
+
+
+def _state_bytes(pages: int, n_ids: int) -> int:
+    return 8 * (6 * max(pages, 0) + 2 * n_ids) + n_ids
+
+
+def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None, points: int = ENGINE_POINTS,
+                 warmup=None, by=None, threads: int | None = None, progress=None) -> CurveResult:
+    """The capacity-hit curve of ``trace`` under an engine's rules (module docstring).
+
+    Parameters are :func:`kvtrace.analyses.curves.compute_curve`'s (``capacities`` in
+    bytes, each rounded down to whole blocks); ``cache_rules`` is ``vllm`` (or
+    ``sglang``), or an :class:`EngineRules` with some rules off. Capacities replay
+    ``threads`` at a time (default one per core).
+    """
+    rules = cache_rules if isinstance(cache_rules, EngineRules) else EngineRules.of(cache_rules)
+    plan = plan_curve(trace, model=model, gpu=gpu, capacities=capacities, points=points, warmup=warmup, by=by)
+    model, gpu, B, names = plan.model, plan.gpu, plan.block_tokens, plan.names
+    bpt = int(model.kv_bytes_per_token)
+    n_ids = int(trace.n_blocks)
+    if plan.user_tokens is not None:
+        pages = plan.user_tokens // B
+    else:
+        pages = default_grid(n_ids * B, B, points) // B
+    order_pages = np.unique(np.maximum(pages, 0))
+    R = trace.n_requests
+    n_groups = len(names)
+    size = np.ascontiguousarray(trace.block_size, dtype=np.int64)
+    req_group = np.empty(0, dtype=np.int32) if plan.req_group is None else plan.req_group.astype(np.int32)
+    pools = [_Pool(int(p), n_ids, R, n_groups) for p in order_pages] + [_Pool(-1, n_ids, R, n_groups)]
+    threads = max(1, threads or os.cpu_count() or 1)
+    groups, cur, used = [], [], 0
+    for pool in pools:  # capacities replayed together while their state fits the budget
+        need = _state_bytes(pool.pages, n_ids)
+        if cur and used + need > STATE_BUDGET_BYTES:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(pool)
+        used += need
+    groups.append(cur)
+    done, total = 0, len(groups) * trace.n_accesses
+    with ThreadPoolExecutor(threads) as ex:
+        for group in groups:
+            for ch in trace.chunks():
+                list(ex.map(lambda p: p.step(ch, B, rules.bits, size, plan.first_req, req_group), group))
+                done += ch.hi - ch.lo
+                if progress is not None:
+                    progress(done, total)
+            for pool in group:
+                pool.state = pool.slots = pool.cached = None
+    return _result(trace, plan, rules, pools, order_pages, bpt)
+
+
+def _result(trace, plan, rules, pools, pages, bpt) -> CurveResult:
+    model, gpu, B, names, by, first_req = plan.model, plan.gpu, plan.block_tokens, plan.names, plan.by, \
+        plan.first_req
+    a, b = model.flops_coefficients()
+    n_groups = len(names)
+    members = np.arange(trace.n_requests) >= first_req
+    group = plan.req_group
+
+    def evaluation(pool, cap_tokens):
+        passed = CurvePass(pool.hist, np.where(pool.req_hit, 0, COLD).astype(np.int64), members, 0, None,
+                           half_keys=np.where(pool.half_hit, 0, COLD).astype(np.int64), request_group=group)
+        return _evaluate(passed, n_groups, np.array([max(cap_tokens, 1)], dtype=np.int64), a, b)
+
+    evs = [evaluation(p, int(p.pages) * B) for p in pools[:-1]]
+    top = evaluation(pools[-1], 1 << 62)
+    seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
+    hours = seconds / 3600.0
+    measured = int(members.sum())
+    cap_tokens = pages * B
+
+    def table(gi: int) -> pl.DataFrame:
+        out = {"capacity_bytes": cap_tokens * bpt, "capacity_tokens": cap_tokens,
+               "capacity_blocks": pages.astype(np.float64)}
+        for k in RATE_COLUMNS:
+            out[k] = np.array([e.rates[k][gi, 0] for e in evs])
+        flops = np.array([e.flops_hit[gi, 0] for e in evs])
+        nan = np.full(len(evs), np.nan)
+        out["gpu_seconds_saved_per_hour"] = gpu.gpu_seconds(flops) / hours if hours > 0 else nan
+        out["usd_saved_per_hour"] = gpu.dollars(flops) / hours if hours > 0 else nan
+        pre = np.array([e.prefix_bytes_hit[gi, 0] for e in evs])
+        out["read_mean_bytes_per_s"] = pre * bpt / seconds if seconds > 0 else nan
+        if gi == (n_groups if by is not None else 0):
+            out["rejected_request_share"] = np.array([p.rejected[0] / measured if measured else np.nan
+                                                      for p in pools[:-1]])
+        return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
+
+    overall_row = n_groups if by is not None else 0
+    curve = table(overall_row)
+    if plan.user_tokens is not None and plan.capacities:
+        asked = np.asarray(plan.user_tokens, dtype=np.int64) // B
+        curve = curve[np.searchsorted(pages, asked)].with_columns(
+            pl.Series("capacity_bytes", np.asarray(plan.capacities, dtype=np.int64)))
+    ceiling = {k: _nan_none(top.ceiling[k]) for k in RATE_COLUMNS}
+    ceiling["capacity_bytes"] = int(trace.n_blocks) * B * bpt
+    rows = []
+    for metric in KNEE_METRICS:
+        c = ceiling[metric]
+        for f in KNEE_FRACTIONS:
+            if c is None or c <= 0:
+                rows.append((metric, f, 0.0, None, None))
+                continue
+            rate = np.array([e.rates[metric][overall_row, 0] for e in evs], dtype=np.float64)
+            ok = np.flatnonzero(np.nan_to_num(rate, nan=-1.0) >= f * c * (1 - 1e-12))
+            tok = int(cap_tokens[ok[0]]) if ok.size else None
+            rows.append((metric, f, float(f * c), None if tok is None else tok * bpt, tok))
+    knees = pl.DataFrame(rows, schema={"metric": pl.String, "fraction": pl.Float64, "target_rate": pl.Float64,
+                                       "capacity_bytes": pl.Int64, "capacity_tokens": pl.Int64}, orient="row")
+    info = {
+        "model": model.name, "kv_bytes_per_token": bpt, "gpu": gpu.name, "mfu": gpu.mfu,
+        "dollars_per_gpu_hour": gpu.dollars_per_hour, "eviction": "prefix-aware", "cache_rules": rules.name,
+        "cache_rules_text": rules.text, "block_tokens": B,
+        "warmup": None if plan.warmup is None else {"kind": plan.warmup[0], "value": plan.warmup[1]},
+        "first_measured_request": first_req, "measured_requests": measured,
+        "measured_accesses": int(trace.n_accesses - trace.req_start[first_req]), "measured_duration_s": seconds,
+        "distinct_blocks": trace.n_blocks, "distinct_bytes": plan.total_tokens * bpt, "sample_rate": 1.0,
+        "approximate": False, "capacities_replayed": int(len(pages)),
+        "grid": (f"{len(pages)} pool sizes, one exact replay each" + ("" if plan.user_tokens is not None else
+                 f" (about {ENGINE_POINTS} log-spaced from one block to every distinct block)")),
+        "knees": "the smallest evaluated capacity reaching each fraction (grid resolution)",
+        "ceiling": "the rules at an unbounded pool; its capacity is that of every distinct block",
+    }
+    by_group = None
+    if by is not None:
+        parts = [table(gi).insert_column(0, pl.lit(name).alias("group_name")) for gi, name in enumerate(names)]
+        by_group = pl.concat(parts, how="diagonal")
+        info["by"] = by
+        info["groups"] = names
+    result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
+    result.display = None
+    return result

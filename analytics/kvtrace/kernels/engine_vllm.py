@@ -1,0 +1,198 @@
+"""vLLM v1's prefix cache, replayed exactly at one pool size per run (``--cache-rules vllm``).
+
+The engine's rules break the stack property (a recomputed block is cached as a second
+copy, requests larger than the pool are rejected), so there is no one-pass curve: each
+capacity is its own event replay, O(1) per block. The slow twin is
+``tests/naive_vllm.py``; this docstring states what both implement.
+
+Pool and free queue
+-------------------
+A pool of ``P`` usable blocks (vLLM's ``num_gpu_blocks`` minus its null block), all free
+at the start, each free block on one doubly linked *free queue* (``FreeKVCacheBlockQueue``:
+allocation pops its head, the least recently freed). A block may carry the hash of the
+trace block it holds (here the dense block id); the hash map keeps, per id, its cached
+copies in insertion order (``cached_block_hash_to_block``: no de-duplication; a lookup
+returns the first copy).
+
+A request (sequential: each is allocated, cached and freed before the next)
+-------------------------------------------------------------------------
+With ``n`` blocks and ``T`` prompt tokens (block j holds ``tokens[j]``, ``B`` for every
+block but possibly the last):
+
+1. *Hit*: ``h`` = the longest run of leading blocks whose id is cached, over at most
+   ``m`` blocks: ``m = n``; with ``last_token_cap``, the blocks whose tokens end at or
+   before token ``T - 1`` (``get_computed_blocks``: the hit is capped at ``T - 1``
+   tokens); with ``full_blocks_only``, full blocks only (a partial block is never
+   hashed). ``hit_tokens`` = the tokens of those ``h`` blocks (``num_cached_tokens``).
+2. *Reject*: with ``reject_oversize`` and ``n > P`` the request is rejected: no hit, the
+   cache unchanged. Without it, only its first ``P`` blocks are allocated and cached
+   (what a request-atomic LRU keeps of a request larger than the cache).
+3. *Touch* the ``h`` hit copies (the first copy of each id): out of the free queue.
+4. *Allocate* the other blocks from the free queue's head; a popped block that carries
+   a hash leaves the hash map (``_maybe_evict_cached_block``).
+5. *Cache* every newly allocated block that can be hashed (all of them without
+   ``full_blocks_only``; else the full ones): its id is appended to that id's copies.
+6. *Free* the request's blocks tail first (``free``: reversed order): each to the free
+   queue's tail, except, with ``hashless_first``, a block without a hash, which goes to
+   the head (evicted first).
+
+With none of the rules (no cap, partial blocks cached, no rejection, every freed block
+to the tail) the replay is kvtrace's ideal prefix-aware LRU of ``P`` equal blocks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvtrace.config import NJIT
+
+# rule flags (bits of ``rules``)
+LAST_TOKEN_CAP, FULL_BLOCKS_ONLY, REJECT_OVERSIZE, HASHLESS_FIRST = 1, 2, 4, 8
+ALL_RULES = LAST_TOKEN_CAP | FULL_BLOCKS_ONLY | REJECT_OVERSIZE | HASHLESS_FIRST
+RULE_NAMES = {LAST_TOKEN_CAP: "last-token cap", FULL_BLOCKS_ONLY: "full blocks only",
+              REJECT_OVERSIZE: "oversize rejection", HASHLESS_FIRST: "hashless blocks freed first"}
+
+
+# state fields of one pool (int64[N_ST]): free queue head and tail
+ST_HEAD, ST_TAIL = 0, 1
+N_ST = 2
+
+
+def new_state(pool: int, n_ids: int):
+    """The state of an empty pool of ``pool`` blocks: ``(st, prv, nxt, held, cprv, cnxt,
+    first_copy, last_copy)`` (every block free, in order; nothing cached)."""
+    P = int(pool)
+    prv = np.arange(-1, P - 1, dtype=np.int64)
+    nxt = np.arange(1, P + 1, dtype=np.int64)
+    if P:
+        nxt[-1] = -1
+    st = np.array([0 if P else -1, P - 1], dtype=np.int64)
+    held = np.full(P, -1, dtype=np.int64)
+    return (st, prv, nxt, held, np.full(P, -1, dtype=np.int64), np.full(P, -1, dtype=np.int64),
+            np.full(int(n_ids), -1, dtype=np.int64), np.full(int(n_ids), -1, dtype=np.int64))
+
+
+@njit(**NJIT)
+def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, held, cprv, cnxt, first_copy,
+                 last_copy, slots, hit_blocks, rejected):
+    """Replay the requests of one chunk (``lrs``: their offsets into ``block``/``tokens``)
+    through one pool whose state the arrays hold (:func:`new_state`), updating it in
+    place: ``hit_blocks[i]`` and ``rejected[i]`` of the chunk's request i. Feeding the
+    chunks of a trace in order equals one call over the whole trace."""
+    cap = (rules & LAST_TOKEN_CAP) != 0
+    full_only = (rules & FULL_BLOCKS_ONLY) != 0
+    reject = (rules & REJECT_OVERSIZE) != 0
+    hashless_first = (rules & HASHLESS_FIRST) != 0
+    P = pool
+    head, tail = st[ST_HEAD], st[ST_TAIL]
+    for r in range(lrs.shape[0] - 1):
+        lo, hi = lrs[r], lrs[r + 1]
+        n = hi - lo
+        hit_blocks[r] = 0
+        rejected[r] = False
+        if n == 0:
+            continue
+        if n > P and reject:
+            rejected[r] = True
+            continue
+        total = 0
+        for t in range(lo, hi):
+            total += tokens[t]
+        # 1. the hit, capped
+        h = 0
+        end = 0
+        while h < n:
+            t = lo + h
+            end += tokens[t]
+            if cap and end > total - 1:
+                break
+            if full_only and tokens[t] != block_tokens:
+                break
+            if first_copy[block[t]] < 0:
+                break
+            h += 1
+        hit_blocks[r] = h
+        nb = n if n <= P else P
+        # 3. touch: the first copy of each hit id leaves the free queue
+        for j in range(h):
+            s = first_copy[block[lo + j]]
+            slots[j] = s
+            a, b = prv[s], nxt[s]
+            if a >= 0:
+                nxt[a] = b
+            else:
+                head = b
+            if b >= 0:
+                prv[b] = a
+            else:
+                tail = a
+        # 4. allocate from the head, evicting what a popped block holds; 5. cache
+        for j in range(h, nb):
+            s = head
+            head = nxt[s]
+            if head >= 0:
+                prv[head] = -1
+            else:
+                tail = -1
+            old = held[s]
+            if old >= 0:
+                a, b = cprv[s], cnxt[s]
+                if a >= 0:
+                    cnxt[a] = b
+                else:
+                    first_copy[old] = b
+                if b >= 0:
+                    cprv[b] = a
+                else:
+                    last_copy[old] = a
+                held[s] = -1
+            slots[j] = s
+            t = lo + j
+            if not full_only or tokens[t] == block_tokens:
+                bid = block[t]
+                held[s] = bid
+                cnxt[s] = -1
+                cprv[s] = last_copy[bid]
+                if last_copy[bid] >= 0:
+                    cnxt[last_copy[bid]] = s
+                else:
+                    first_copy[bid] = s
+                last_copy[bid] = s
+        # 6. free tail first
+        for j in range(nb - 1, -1, -1):
+            s = slots[j]
+            if hashless_first and held[s] < 0:
+                prv[s] = -1
+                nxt[s] = head
+                if head >= 0:
+                    prv[head] = s
+                else:
+                    tail = s
+                head = s
+            else:
+                nxt[s] = -1
+                prv[s] = tail
+                if tail >= 0:
+                    nxt[tail] = s
+                else:
+                    head = s
+                tail = s
+    st[ST_HEAD], st[ST_TAIL] = head, tail
+
+
+def replay_vllm(block, tokens, req_start, n_ids: int, pools, block_tokens: int, rules: int = ALL_RULES):
+    """Replay a whole trace (in memory) once per pool size: ``(hit_blocks int32[K, R],
+    rejected bool[K, R])``; the reference entry point of the tests."""
+    block = np.ascontiguousarray(block, dtype=np.int64)
+    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
+    lrs = np.ascontiguousarray(req_start, dtype=np.int64)
+    R = lrs.shape[0] - 1
+    pools = [int(p) for p in np.asarray(pools).ravel()]
+    hit = np.zeros((len(pools), R), dtype=np.int32)
+    rej = np.zeros((len(pools), R), dtype=np.bool_)
+    for k, P in enumerate(pools):
+        state = new_state(P, n_ids)
+        replay_chunk(block, tokens, lrs, P, int(block_tokens), int(rules), *state, np.empty(max(P, 1), np.int64),
+                     hit[k], rej[k])
+    return hit, rej

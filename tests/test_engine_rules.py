@@ -1,0 +1,213 @@
+"""Engine-faithful cache rules (``--cache-rules vllm``, :mod:`kvtrace.analyses.engine`).
+
+- hand-computed replays pin each vLLM rule one at a time: the last-token cap and the
+  second copy it caches, oversize rejection, hashless blocks freed to the free queue's
+  head;
+- with every rule off the kernel is kvtrace's ideal request-atomic LRU (the explicit
+  ``tests/naive.py`` LRU) on random chained traces at every pool size, and
+  ``engine_curve`` equals ``compute_curve`` metric for metric on traces of full blocks;
+- the curve does not depend on how the trace is cut into chunks;
+- the command: ``kvtrace curve --cache-rules vllm`` tables and its usage errors.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import naive
+from cli_helpers import one_line_error
+from strategies import chained_traces
+
+from kvtrace.analyses.curves import RATE_COLUMNS, compute_curve
+from kvtrace.analyses.engine import EngineRules, engine_curve
+from kvtrace.cli import app
+from kvtrace.ingest import load_trace
+from kvtrace.ingest.canonical import requests_to_trace
+from kvtrace.kernels import engine_vllm as V
+from kvtrace.trace import TraceMeta
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAT = ROOT / "sample_traces" / "chat.jsonl"
+B = 4
+A, Bk, C, D, X, Y = range(6)  # block ids of the hand-computed cases
+
+
+def replay(requests, tokens, pool, rules):
+    """Per-request (hit blocks, rejected) of the kernel over lists of ids and tokens."""
+    block = np.array([b for r in requests for b in r], dtype=np.int64)
+    tok = np.array([t for r in tokens for t in r], dtype=np.int64)
+    starts = np.cumsum([0] + [len(r) for r in requests])
+    hit, rej = V.replay_vllm(block, tok, starts, 1 + int(block.max(initial=0)), [pool], B, rules)
+    return hit[0].tolist(), rej[0].tolist()
+
+
+# --------------------------------------------------------------------------- hand-computed
+def test_last_token_cap_and_the_second_copy_it_caches():
+    """Pool of 3 (s0, s1, s2 free in that order), blocks of 4 tokens.
+    r0 [a, b] (8 tokens): cold; a -> s0, b -> s1; freed tail first: queue s2, s1(b), s0(a).
+    r1 [a, b]: the cap (7 tokens) leaves only a eligible: hit 1; b recomputed into s2 and
+      cached again (b: s1, s2); queue s1(b), s2(b), s0(a).
+    r2 [c] (4 tokens, cap 3: nothing eligible): pops s1, evicting b's first copy; b stays
+      cached in s2; queue s2(b), s0(a), s1(c).
+    r3 [a, b, d] (4 + 4 + 2 tokens, cap 9; d is partial): a and b hit through the copy: 2.
+    Without the cap r1 hits both blocks and caches no copy, r2 takes the never-used s2,
+    r3 hits a and b: [0, 2, 0, 2]."""
+    reqs = [[A, Bk], [A, Bk], [C], [A, Bk, D]]
+    toks = [[4, 4], [4, 4], [4], [4, 4, 2]]
+    assert replay(reqs, toks, 3, V.ALL_RULES)[0] == [0, 1, 0, 2]
+    assert replay(reqs, toks, 3, V.ALL_RULES & ~V.LAST_TOKEN_CAP)[0] == [0, 2, 0, 2]
+    # Pool of 2: r0 leaves queue s1(b), s0(a); r1 hits a (s0) and pops s1, evicting b's
+    # only copy before caching b there again (no second copy); r2 [c] pops s1, evicting b;
+    # r3 needs 3 blocks: rejected
+    hit, rej = replay(reqs, toks, 2, V.ALL_RULES)
+    assert hit == [0, 1, 0, 0] and rej == [False, False, False, True]
+    hit, _ = replay(reqs[:3] + [[A, Bk]], toks[:3] + [[4, 1]], 2, V.ALL_RULES)
+    assert hit == [0, 1, 0, 1]  # [a, b] with b partial (5 tokens): a hits, b is gone
+
+
+def test_partial_blocks_are_never_hit_unless_the_rule_is_off():
+    """r0 [a, x] with x partial (4 + 2 tokens), r1 the same prompt: with full blocks only,
+    x is never cached and r1 hits a alone. Without the full-blocks rule x is cached, but
+    the cap (6 - 1 = 5 tokens) still stops the hit after a; without both, r1 hits a and x."""
+    reqs = [[A, X], [A, X]]
+    toks = [[4, 2], [4, 2]]
+    assert replay(reqs, toks, 4, V.ALL_RULES)[0] == [0, 1]
+    assert replay(reqs, toks, 4, V.ALL_RULES & ~V.FULL_BLOCKS_ONLY & ~V.LAST_TOKEN_CAP)[0] == [0, 2]
+    assert replay(reqs, toks, 4, V.ALL_RULES & ~V.FULL_BLOCKS_ONLY)[0] == [0, 1]
+
+
+def test_a_request_larger_than_the_pool_is_rejected_and_changes_nothing():
+    """Pool of 2: r0 [a] caches a; r1 [b, c, d] needs 3 blocks: rejected, no hit, nothing
+    evicted; r2 [a, y] (4 + 1 tokens) hits a. Without rejection r1 keeps its first 2
+    blocks (b, c), evicting a: r2 misses."""
+    reqs = [[A], [Bk, C, D], [A, Y]]
+    toks = [[4], [4, 4, 4], [4, 1]]
+    hit, rej = replay(reqs, toks, 2, V.ALL_RULES)
+    assert hit == [0, 0, 1] and rej == [False, True, False]
+    hit, rej = replay(reqs, toks, 2, V.ALL_RULES & ~V.REJECT_OVERSIZE)
+    assert hit == [0, 0, 0] and rej == [False, False, False]
+
+
+def test_hashless_blocks_are_freed_to_the_head():
+    """Pool of 3. r0 [a]: a -> s0; queue s1, s2, s0(a). r1 [b, x] (x partial): b -> s1,
+    x -> s2 unhashed; freed tail first: x to the head, b to the tail: queue s2, s0(a), s1(b)
+    (every block to the tail instead: s0(a), s2, s1(b)). r2 [c] pops the head: s2 (a
+    survives), or s0 (a evicted). r3 [a, y] (4 + 1 tokens): hit 1, or 0."""
+    reqs = [[A], [Bk, X], [C], [A, Y]]
+    toks = [[4], [4, 2], [4], [4, 1]]
+    assert replay(reqs, toks, 3, V.ALL_RULES)[0] == [0, 0, 0, 1]
+    assert replay(reqs, toks, 3, V.ALL_RULES & ~V.HASHLESS_FIRST)[0] == [0, 0, 0, 0]
+
+
+def test_an_empty_pool_rejects_everything_nonempty():
+    hit, rej = replay([[A], [], [A, Bk]], [[4], [], [4, 4]], 0, V.ALL_RULES)
+    assert hit == [0, 0, 0] and rej == [True, False, True]
+
+
+# --------------------------------------------------------------------------- rules off = ideal
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=chained_traces(max_requests=16, max_new=5), pool=st.integers(0, 24))
+def test_with_every_rule_off_the_replay_is_the_ideal_lru(trace, pool):
+    block, starts = trace.block, trace.req_start
+    n = len(trace.size)
+    hits, _ = naive.lru_simulate(block, [1] * n, starts, pool, True)
+    want = []
+    for r in range(len(starts) - 1):
+        h = 0
+        while starts[r] + h < starts[r + 1] and hits[starts[r] + h]:
+            h += 1
+        want.append(h)
+    got, rej = V.replay_vllm(block, np.full(len(block), B), starts, n, [pool], B, 0)
+    assert got[0].tolist() == want and not rej.any()
+
+
+def full_block_trace(seed: int, n_req: int = 60):
+    """Chained prompts of full blocks (so the ideal model's byte capacity is a page count)."""
+    rng = np.random.default_rng(seed)
+    chains, rows, fresh = [], [], iter(range(1, 10**6))
+    for i in range(n_req):
+        base = chains[int(rng.integers(0, len(chains)))] if chains and rng.random() < 0.7 else []
+        hashes = base[: int(rng.integers(0, len(base) + 1))] + [next(fresh) for _ in range(int(rng.integers(0, 4)))]
+        chains.append(hashes)
+        rows.append({"request_id": i, "timestamp": float(i), "type": ["chat", "api"][i % 2], "tenant": None,
+                     "input_tokens": B * len(hashes), "output_tokens": 1, "block_ids": hashes})
+    df = pl.DataFrame(rows, schema={"request_id": pl.Int64, "timestamp": pl.Float64, "type": pl.String,
+                                    "tenant": pl.String, "input_tokens": pl.Int64, "output_tokens": pl.Int64,
+                                    "block_ids": pl.List(pl.UInt64)})
+    return requests_to_trace(df, TraceMeta(block_tokens=B, source_format="canonical"))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_engine_curve_with_rules_off_equals_the_ideal_curve(seed):
+    """Full blocks: a pool of P blocks is the ideal model's capacity of P x B tokens."""
+    trace = full_block_trace(seed)
+    bpt = 327_680  # the default model's bytes per token
+    caps = [p * B * bpt for p in (1, 2, 3, 5, 8, 13, 40, 1000)]
+    eng = engine_curve(trace, EngineRules("vllm", 0), capacities=caps, warmup="10%")
+    ideal = compute_curve(trace, capacities=caps, warmup="10%")
+    for col in (*RATE_COLUMNS, "gpu_seconds_saved_per_hour", "read_mean_bytes_per_s"):
+        np.testing.assert_allclose(eng.curve[col].to_numpy().astype(float), ideal.curve[col].to_numpy().astype(float),
+                                   rtol=1e-12, atol=1e-15, err_msg=col)
+    for k in RATE_COLUMNS:
+        assert eng.ceiling[k] == pytest.approx(ideal.ceiling[k], rel=1e-12, abs=1e-15), k
+    assert eng.curve["rejected_request_share"].to_list() == [0.0] * len(caps)
+
+
+def test_engine_curve_by_group_adds_up_to_the_whole():
+    trace = full_block_trace(11, 80)
+    res = engine_curve(trace, "vllm", by="type")
+    assert res.by_group is not None and set(res.by_group["group_name"]) == {"chat", "api"}
+    whole = res.curve["prefix_block_hit_rate"].to_numpy()
+    g = res.by_group
+    # blocks: the groups' hit blocks add up to the whole's (rates x accesses)
+    acc = {name: sum(len(h) for h, t in zip(trace.requests["block_ids"], trace.requests["type"]) if t == name)
+           for name in ("chat", "api")}
+    total = sum(acc.values())
+    parts = sum(g.filter(pl.col("group_name") == n)["prefix_block_hit_rate"].fill_null(0).to_numpy() * acc[n]
+                for n in acc)
+    np.testing.assert_allclose(parts, whole * total, rtol=1e-12)
+
+
+def test_chunks_do_not_change_the_curve(monkeypatch):
+    from kvtrace.trace import source
+
+    trace = load_trace(CHAT)
+    one = engine_curve(trace, "vllm", points=12)
+    monkeypatch.setattr(source, "CHUNK_ACCESSES", 97)
+    many = engine_curve(trace, "vllm", points=12)
+    assert one.curve.equals(many.curve) and one.ceiling == many.ceiling
+
+
+# --------------------------------------------------------------------------- the command
+runner = CliRunner()
+
+
+def test_curve_command_with_vllm_rules(tmp_path):
+    out, js = tmp_path / "c.parquet", tmp_path / "c.json"
+    res = runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "vllm", "--out", str(out), "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    assert "vllm cache rules" in res.output and "rules applied: vLLM v1" in res.output
+    table = pl.read_parquet(out)
+    assert "rejected_request_share" in table.columns and table.height <= 25
+    doc = json.loads(js.read_text())
+    assert doc["info"]["cache_rules"] == "vllm"
+    # the ideal run of the same capacities differs: the rules matter on this trace
+    ideal = compute_curve(load_trace(CHAT), capacities=table["capacity_bytes"].to_list())
+    assert not np.allclose(ideal.curve["prefix_token_hit_rate"].to_numpy(), table["prefix_token_hit_rate"].to_numpy())
+
+
+@pytest.mark.parametrize("extra,field", [(["--eviction", "flat"], "eviction"),
+                                         (["--sample-rate", "0.1"], "sample-rate"),
+                                         (["--cache-rules", "nonsense"], "cache-rules")])
+def test_curve_command_usage_errors(extra, field):
+    args = ["curve", str(CHAT), *(["--cache-rules", "vllm"] if "--cache-rules" not in extra else []), *extra]
+    line = one_line_error(runner.invoke(app, args, env={"COLUMNS": "200"}), 2)
+    assert field in line
