@@ -227,6 +227,29 @@ def test_curves_numbers_equal_compute_curve_and_follow_widgets(chat):
     assert _at_tiers(at)["prefix tokens"].to_list() == [pct(x) for x in ref_flat.curve["prefix_token_hit_rate"]]
 
 
+def test_curves_under_vllm_rules_equal_engine_curve(chat):
+    """The Cache rules radio: the tiers table, the ceiling and the chart's line equal
+    engine_curve's; the rules are stated; sampling is off."""
+    from kvtrace.analyses.engine import engine_curve
+
+    at = launch("views/curves.py")
+    next(r for r in at.radio if r.key == "curve_rules").set_value("vllm")
+    at.run()
+    clean(at)
+    caps = [64 * GiB, 64 * GiB + 2**40]
+    ref = engine_curve(chat, "vllm", display_capacities=caps)
+    assert metrics(at)["ceiling (prefix tokens)"] == pct(ref.ceiling["prefix_token_hit_rate"])
+    tiers = _at_tiers(at)
+    assert tiers["prefix tokens"].to_list() == [pct(x) for x in ref.display["prefix_token_hit_rate"]]
+    assert tiers["prefix tokens"].to_list() != [pct(x) for x in compute_curve(chat, capacities=caps)
+                                                .curve["prefix_token_hit_rate"]]
+    line = charts(at)[0][0]
+    np.testing.assert_allclose(line.column("rate").to_numpy(),
+                               ref.curve.filter(pl.col("capacity_bytes") > 0)["prefix_token_hit_rate"].to_numpy())
+    assert any("Rules applied: vLLM v1" in i.value for i in at.info)
+    assert next(t for t in at.toggle if t.key == "curve_sample").disabled
+
+
 def test_curves_sampling_shows_the_error_estimate(chat):
     at = launch("views/curves.py")
     assert not at.warning

@@ -176,8 +176,9 @@ def _state_bytes(pages: int, n_ids: int) -> int:
     return 8 * (6 * max(pages, 0) + 2 * n_ids) + n_ids
 
 
-def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None, points: int = ENGINE_POINTS,
-                 warmup=None, by=None, threads: int | None = None, progress=None) -> CurveResult:
+def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None,
+                 display_capacities=None, points: int = ENGINE_POINTS, warmup=None, by=None,
+                 threads: int | None = None, progress=None) -> CurveResult:
     """The capacity-hit curve of ``trace`` under an engine's rules (module docstring).
 
     Parameters are :func:`kvtrace.analyses.curves.compute_curve`'s (``capacities`` in
@@ -186,7 +187,8 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     ``threads`` at a time (default one per core).
     """
     rules = cache_rules if isinstance(cache_rules, EngineRules) else EngineRules.of(cache_rules)
-    plan = plan_curve(trace, model=model, gpu=gpu, capacities=capacities, points=points, warmup=warmup, by=by)
+    plan = plan_curve(trace, model=model, gpu=gpu, capacities=capacities, display_capacities=display_capacities,
+                      points=points, warmup=warmup, by=by)
     model, gpu, B, names = plan.model, plan.gpu, plan.block_tokens, plan.names
     bpt = int(model.kv_bytes_per_token)
     n_ids = int(trace.n_blocks)
@@ -194,7 +196,8 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
         pages = plan.user_tokens // B
     else:
         pages = default_grid(n_ids * B, B, points) // B
-    order_pages = np.unique(np.maximum(pages, 0))
+    shown = pages if plan.disp_tokens is None else np.concatenate([pages, plan.disp_tokens // B])
+    order_pages = np.unique(np.maximum(shown, 0))
     R = trace.n_requests
     n_groups = len(names)
     size = np.ascontiguousarray(trace.block_size, dtype=np.int64)
@@ -220,10 +223,10 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
                     progress(done, total)
             for pool in group:
                 pool.state = pool.slots = pool.cached = None
-    return _result(trace, plan, rules, pools, order_pages, bpt)
+    return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
 
 
-def _result(trace, plan, rules, pools, pages, bpt) -> CurveResult:
+def _result(trace, plan, rules, pools, pages, main_pages, bpt) -> CurveResult:
     model, gpu, B, names, by, first_req = plan.model, plan.gpu, plan.block_tokens, plan.names, plan.by, \
         plan.first_req
     a, b = model.flops_coefficients()
@@ -259,12 +262,20 @@ def _result(trace, plan, rules, pools, pages, bpt) -> CurveResult:
                                                       for p in pools[:-1]])
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
+    def select(df: pl.DataFrame, wanted_pages, wanted_bytes) -> pl.DataFrame:
+        df = df[np.searchsorted(pages, np.maximum(wanted_pages, 0))]
+        if wanted_bytes is not None:
+            df = df.with_columns(pl.Series("capacity_bytes", np.asarray(wanted_bytes, dtype=np.int64)))
+        return df
+
     overall_row = n_groups if by is not None else 0
-    curve = table(overall_row)
-    if plan.user_tokens is not None and plan.capacities:
-        asked = np.asarray(plan.user_tokens, dtype=np.int64) // B
-        curve = curve[np.searchsorted(pages, asked)].with_columns(
-            pl.Series("capacity_bytes", np.asarray(plan.capacities, dtype=np.int64)))
+    overall = table(overall_row)
+    if plan.user_tokens is not None:
+        curve = select(overall, np.asarray(plan.user_tokens, dtype=np.int64) // B, plan.capacities)
+    else:
+        curve = select(overall, main_pages, None)
+    display = None if plan.disp_tokens is None else select(overall, np.asarray(plan.disp_tokens) // B,
+                                                           plan.display_capacities)
     ceiling = {k: _nan_none(top.ceiling[k]) for k in RATE_COLUMNS}
     ceiling["capacity_bytes"] = int(trace.n_blocks) * B * bpt
     rows = []
@@ -296,10 +307,12 @@ def _result(trace, plan, rules, pools, pages, bpt) -> CurveResult:
     }
     by_group = None
     if by is not None:
-        parts = [table(gi).insert_column(0, pl.lit(name).alias("group_name")) for gi, name in enumerate(names)]
+        main = (np.asarray(plan.user_tokens, dtype=np.int64) // B) if plan.user_tokens is not None else main_pages
+        parts = [select(table(gi), main, plan.capacities if plan.user_tokens is not None else None)
+                 .insert_column(0, pl.lit(name).alias("group_name")) for gi, name in enumerate(names)]
         by_group = pl.concat(parts, how="diagonal")
         info["by"] = by
         info["groups"] = names
     result = CurveResult(curve=curve, by_group=by_group, ceiling=ceiling, knees=knees, info=info)
-    result.display = None
+    result.display = display
     return result

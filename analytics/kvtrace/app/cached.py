@@ -139,6 +139,15 @@ def curve(key: str, model: str, gpu: str, eviction: str, by: str | None, sample_
                          distances=_distances if sample_rate is None else None)
 
 
+@st.cache_data(show_spinner="Replaying the engine's cache rules…", max_entries=16)
+def engine_curve(key: str, model: str, gpu: str, rules: str, by: str | None, capacities: tuple, _trace):
+    """:func:`kvtrace.analyses.engine.engine_curve` (``kvtrace curve --cache-rules``)."""
+    from kvtrace.analyses.engine import engine_curve as replay
+
+    return replay(_trace, rules, model=resolve_model(model), gpu=resolve_gpu(gpu),
+                  display_capacities=list(capacities) or None, by=by)
+
+
 # --------------------------------------------------------------------------- what-ifs
 
 

@@ -36,10 +36,15 @@ groups = choices.groupings(trace)
 by = c2.selectbox("Break down by", ["none", *groups], key="curve_by",
                   help="One line per group under one shared cache." if groups else "This trace has no type, "
                        "tenant, turn or session columns to group by.")
-c3.toggle("SHARDS sampling", key="curve_sample",
+state.setdefault("curve_rules", "ideal")
+rules = c3.radio("Cache rules", ["ideal", "vllm"], key="curve_rules", horizontal=True,
+                 help="ideal: kvtrace's request-atomic LRU, every capacity in one pass; vllm: vLLM v1's own "
+                      "prefix-cache rules (last-token cap, full blocks only, rejection, free order), one exact "
+                      "replay per capacity on a thinned grid: what the engine would report.")
+c3.toggle("SHARDS sampling", key="curve_sample", disabled=rules != "ideal",
           help=f"Approximate curve from a spatial sample of blocks; on by default above "
-               f"{choices.LARGE_TRACE_ACCESSES:,} block accesses.")
-sampled = bool(state["curve_sample"])
+               f"{choices.LARGE_TRACE_ACCESSES:,} block accesses (ideal rules only).")
+sampled = bool(state["curve_sample"]) and rules == "ideal"
 if sampled:
     c3.select_slider("Sample rate", SAMPLE_RATES, key="curve_rate")
 d1, d2, _ = st.columns([1, 1, 2])
@@ -57,9 +62,13 @@ except KvtraceError as exc:
 marks = chart_data.tier_marks(dram, flash)
 
 sample_rate = float(state["curve_rate"]) if sampled else None
-dist = None if sampled else cached.distances(ctx.key, ctx.eviction, _trace=trace)
-result = cached.curve(ctx.key, ctx.model_name, ctx.gpu_name, ctx.eviction, None if by == "none" else by, sample_rate,
-                      tuple(marks.values()), _trace=trace, _distances=dist)
+if rules == "ideal":
+    dist = None if sampled else cached.distances(ctx.key, ctx.eviction, _trace=trace)
+    result = cached.curve(ctx.key, ctx.model_name, ctx.gpu_name, ctx.eviction, None if by == "none" else by,
+                          sample_rate, tuple(marks.values()), _trace=trace, _distances=dist)
+else:
+    result = cached.engine_curve(ctx.key, ctx.model_name, ctx.gpu_name, rules, None if by == "none" else by,
+                                 tuple(marks.values()), _trace=trace)
 info = result.info
 
 if result.approximate:
@@ -80,7 +89,10 @@ for col, frac in ((m3, 0.8), (m4, 0.95)):
                format_bytes(k["capacity_bytes"][0]) if k.height else "-",
                help=None if k.height else "kvtrace computes knees for requests, usable-prefix tokens and compute.")
 
-subtitle = (f"{info['model']} ({info['kv_bytes_per_token']:,} B/token), {info['eviction']} LRU"
+if info.get("cache_rules"):
+    st.info(f"Rules applied: {info['cache_rules_text']}. {info['grid']}; knees at the grid's resolution.")
+subtitle = (f"{info['model']} ({info['kv_bytes_per_token']:,} B/token), "
+            + (f"{info['cache_rules']} cache rules" if info.get("cache_rules") else f"{info['eviction']} LRU")
             + (f", SHARDS sample rate {info['sample_rate']:g} (approximate)" if result.approximate else ""))
 st.altair_chart(charts.curve(chart_data.metric_lines(result, metric), knees, ceiling, marks, metric_label, subtitle))
 
