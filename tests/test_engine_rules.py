@@ -37,7 +37,7 @@ from kvtrace.trace import TraceMeta
 ROOT = Path(__file__).resolve().parents[1]
 CHAT = ROOT / "sample_traces" / "chat.jsonl"
 B = 4
-A, Bk, C, D, X, Y = range(6)  # block ids of the hand-computed cases
+A, Bk, C, D, X, Y, Z = range(7)  # block ids of the hand-computed cases
 
 
 def replay(requests, tokens, pool, rules):
@@ -211,3 +211,87 @@ def test_curve_command_usage_errors(extra, field):
     args = ["curve", str(CHAT), *(["--cache-rules", "vllm"] if "--cache-rules" not in extra else []), *extra]
     line = one_line_error(runner.invoke(app, args, env={"COLUMNS": "200"}), 2)
     assert field in line
+
+
+# --------------------------------------------------------------------------- requests in flight
+def inflight(requests, tokens, pool, arrival, duration, rules=V.ALL_RULES, decode=None):
+    block = np.array([b for r in requests for b in r], dtype=np.int64)
+    tok = np.array([t for r in tokens for t in r], dtype=np.int64)
+    starts = np.cumsum([0] + [len(r) for r in requests])
+    return V.replay_vllm_inflight(block, tok, starts, 1 + int(block.max(initial=0)), pool, B, arrival, duration,
+                                  decode, rules)
+
+
+def test_in_flight_a_request_waits_for_blocks_first_come_first_served():
+    """Pool of 2. r0 [a] at 0 for 10 s holds s0. r1 [b, c] at 1 needs 2 blocks, 1 is free:
+    it waits (and r2 behind it) until r0 ends at 10; it takes s1 and then s0, evicting a.
+    r2 [a, y] at 2 (cap 4 tokens: a eligible) needs 2 blocks: waits for r1 (10 -> 11); a is
+    gone: no hit. Waits 0, 9, 9; some request waited for blocks from 1 to 11 = 10 s of the
+    span 0 -> 12 (r2 ends at 11 + 1)."""
+    hit, rej, wait, blocked, span = inflight([[A], [Bk, C], [A, Y]], [[4], [4, 4], [4, 1]], 2, [0.0, 1.0, 2.0],
+                                             [10.0, 1.0, 1.0])
+    assert hit.tolist() == [0, 0, 0] and not rej.any()
+    assert wait.tolist() == [0.0, 9.0, 9.0] and (blocked, span) == (10.0, 12.0)
+
+
+def test_in_flight_held_blocks_are_pinned_and_can_be_hit():
+    """Pool of 3. r0 [a] at 0 holds a (s0) for 10 s; r1 [b] at 1 (0 s) caches b in s1; r2
+    [c, d] at 2 (0 s) takes s2 and s1 (evicting b: a is pinned); r3 [a, y] at 3 hits the
+    held a. Sequentially (every duration 0) a is freed at once and r2 evicts it: no hit."""
+    reqs, toks, arr = [[A], [Bk], [C, D], [A, Y]], [[4], [4], [4, 4], [4, 1]], [0.0, 1.0, 2.0, 3.0]
+    hit, _, wait, blocked, _ = inflight(reqs, toks, 3, arr, [10.0, 0.0, 0.0, 0.0])
+    assert hit.tolist() == [0, 0, 0, 1] and wait.tolist() == [0.0] * 4 and blocked == 0.0
+    assert inflight(reqs, toks, 3, arr, [0.0] * 4)[0].tolist() == [0, 0, 0, 0]
+    # a hit on a copy another request holds adds a reference: both end, a stays cached
+    hit, _, _, _, _ = inflight([[A, X], [A, Z], [A, Y]], [[4, 2], [4, 1], [4, 1]], 4, [0.0, 1.0, 9.0],
+                               [5.0, 5.0, 0.0])
+    assert hit.tolist() == [0, 1, 1]
+
+
+def test_in_flight_output_blocks_are_held_too():
+    """Pool of 3: r0 [a] holds one prompt block and 2 output blocks for 5 s, so r1 [b] at 1
+    waits until 5; without them it is admitted at once."""
+    args = ([[A], [Bk]], [[4], [4]], 3, [0.0, 1.0], [5.0, 1.0])
+    assert inflight(*args, decode=[2, 0])[2].tolist() == [0.0, 4.0]
+    assert inflight(*args, decode=[0, 0])[2].tolist() == [0.0, 0.0]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=chained_traces(max_requests=14, max_new=5), pool=st.integers(0, 20),
+       rules=st.sampled_from([0, V.ALL_RULES, V.LAST_TOKEN_CAP | V.REJECT_OVERSIZE]), data=st.data())
+def test_in_flight_with_zero_durations_is_the_sequential_replay(trace, pool, rules, data):
+    n = len(trace.req_start) - 1
+    toks = np.full(len(trace.block), B)
+    if len(toks) and data.draw(st.booleans()):
+        toks[trace.req_start[1:][np.diff(trace.req_start) > 0] - 1] = data.draw(st.integers(1, B))  # partial tails
+    arr = np.sort(np.array(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)), dtype=float))
+    seq, srej = V.replay_vllm(trace.block, toks, trace.req_start, len(trace.size), [pool], B, rules)
+    hit, rej, wait, blocked, _ = V.replay_vllm_inflight(trace.block, toks, trace.req_start, len(trace.size), pool, B,
+                                                        arr, np.zeros(n), None, rules)
+    assert hit.tolist() == seq[0].tolist() and rej.tolist() == srej[0].tolist()
+    assert not wait.any() and blocked == 0.0
+
+
+def test_service_time_expressions():
+    from kvtrace.analyses.engine import service_times
+    from kvtrace.errors import UsageError
+
+    np.testing.assert_allclose(service_times("input/5000 + output/50", [5000, 0], [0, 100]), [1.0, 2.0])
+    np.testing.assert_allclose(service_times("max(0.5, input / 1000) - -1", [100, 3000], [0, 0]), [1.5, 4.0])
+    np.testing.assert_allclose(service_times("2", [1, 2], [3, 4]), [2.0, 2.0])
+    for bad in ("input ** 2", "__import__('os')", "input/", "output - 10", "foo"):
+        with pytest.raises(UsageError):
+            service_times(bad, [1], [1])
+
+
+def test_curve_command_in_flight(tmp_path):
+    out = tmp_path / "c.parquet"
+    res = runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "vllm", "--in-flight", "--capacity",
+                              "4GiB,64GiB", "--service-time", "input/2000", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    t = pl.read_parquet(out)
+    assert {"wait_mean_s", "wait_p99_s", "pool_full_share"} <= set(t.columns)
+    assert t["wait_mean_s"][0] >= t["wait_mean_s"][1] >= 0
+    assert "requests in flight (input/2000 s each)" in res.output
+    line = one_line_error(runner.invoke(app, ["curve", str(CHAT), "--in-flight"], env={"COLUMNS": "200"}), 2)
+    assert "in-flight" in line

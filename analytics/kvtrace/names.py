@@ -426,6 +426,10 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "prefix_token_hit_rate_se": ("share", "estimated standard error of prefix_token_hit_rate (--sample-rate)"),
         "rejected_request_share": ("share", "share of measured requests the engine rejects as larger than its pool "
                                             "(--cache-rules vllm)"),
+        "wait_mean_s": ("s", "mean time a measured request waited for blocks before admission (--in-flight)"),
+        "wait_p99_s": ("s", "p99 of that wait (--in-flight)"),
+        "pool_full_share": ("share", "share of the replayed span during which a request waited for blocks "
+                                     "(--in-flight)"),
     }),
     "knees": ("`kvtrace curve --json` and `size --json` knees, SQL `knees`", _KNEES),
     "distances": ("`kvtrace curve --distances-out`, SQL `accesses`", _DISTANCES),

@@ -81,6 +81,54 @@ class EngineRules:
             name for bit, name in V.RULE_NAMES.items() if not self.bits & bit)
 
 
+#: ``--service-time`` default: a request's time in flight, seconds, from its token counts.
+DEFAULT_SERVICE_TIME = "input/5000 + output/50"
+_ALLOWED = {"input", "output"}
+
+
+def service_times(expr: str, input_tokens, output_tokens) -> np.ndarray:
+    """float64[R]: ``expr`` (``input/5000 + output/50``: numbers, ``input`` and ``output``
+    tokens, ``+ - * /``, parentheses, ``min``/``max``) evaluated per request; a one-line
+    usage error for anything else or a negative time."""
+    import ast
+
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except SyntaxError:
+        raise UsageError(f"expected an expression such as '{DEFAULT_SERVICE_TIME}', got '{expr}'",
+                         field="service-time") from None
+    env = {"input": np.asarray(input_tokens, dtype=np.float64), "output": np.asarray(output_tokens, np.float64)}
+
+    def ev(node):
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value,
+                                                                                                    bool):
+            return float(node.value)
+        if isinstance(node, ast.Name) and node.id in _ALLOWED:
+            return env[node.id]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div)):
+            a, b = ev(node.left), ev(node.right)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return {ast.Add: np.add, ast.Sub: np.subtract, ast.Mult: np.multiply,
+                        ast.Div: np.divide}[type(node.op)](a, b)
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+            return -ev(node.operand)
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("min", "max")
+                and len(node.args) >= 2 and not node.keywords):
+            f = np.minimum if node.func.id == "min" else np.maximum
+            out = ev(node.args[0])
+            for a in node.args[1:]:
+                out = f(out, ev(a))
+            return out
+        raise UsageError(f"expected numbers, input, output, + - * /, min or max in '{expr}'", field="service-time")
+
+    d = np.broadcast_to(np.asarray(ev(tree), dtype=np.float64), env["input"].shape).copy()
+    if d.size and not (np.all(np.isfinite(d)) and d.min() >= 0):
+        raise UsageError(f"'{expr}' gives a negative or undefined time for some request", field="service-time")
+    return d
+
+
 @njit(**NJIT)
 def _accumulate(hit_blocks, rejected, tokens, pos, block, size, lrs, r0, first_req, req_group, block_tokens, hist,
                 req_hit, half_hit, n_rejected):
@@ -178,6 +226,7 @@ def _state_bytes(pages: int, n_ids: int) -> int:
 
 def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None,
                  display_capacities=None, points: int = ENGINE_POINTS, warmup=None, by=None,
+                 in_flight: bool = False, service_time: str = DEFAULT_SERVICE_TIME, cache_decode: bool = False,
                  threads: int | None = None, progress=None) -> CurveResult:
     """The capacity-hit curve of ``trace`` under an engine's rules (module docstring).
 
@@ -185,6 +234,12 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     bytes, each rounded down to whole blocks); ``cache_rules`` is ``vllm`` (or
     ``sglang``), or an :class:`EngineRules` with some rules off. Capacities replay
     ``threads`` at a time (default one per core).
+
+    With ``in_flight`` each request holds its blocks from admission for its service
+    time (``service_time``, an expression of its ``input`` and ``output`` tokens,
+    seconds; with ``cache_decode`` also the blocks its output fills), first come first
+    served (:func:`kvtrace.kernels.engine_vllm.replay_vllm_inflight`); the table adds
+    ``wait_mean_s``, ``wait_p99_s`` and ``pool_full_share``.
     """
     rules = cache_rules if isinstance(cache_rules, EngineRules) else EngineRules.of(cache_rules)
     plan = plan_curve(trace, model=model, gpu=gpu, capacities=capacities, display_capacities=display_capacities,
@@ -213,6 +268,10 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
         cur.append(pool)
         used += need
     groups.append(cur)
+    if in_flight:
+        _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress)
+        return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt,
+                       in_flight=(service_time, cache_decode))
     done, total = 0, len(groups) * trace.n_accesses
     with ThreadPoolExecutor(threads) as ex:
         for group in groups:
@@ -226,7 +285,54 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
 
 
-def _result(trace, plan, rules, pools, pages, main_pages, bpt) -> CurveResult:
+class _Whole:
+    """The whole trace as one chunk (requests in flight need every request at once)."""
+
+    def __init__(self, trace):
+        parts = list(trace.chunks())
+        self.r, self.lo = 0, 0
+        self.block = np.concatenate([c.block for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
+        self.tokens = np.concatenate([c.tokens for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
+        self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
+        self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
+        self.hi = self.block.shape[0]
+
+
+def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress):
+    req = trace.requests
+    inp, out = req["input_tokens"].to_numpy(), req["output_tokens"].fill_null(0).to_numpy()
+    duration = service_times(service_time, inp, out)
+    whole = _Whole(trace)
+    n_blocks = np.diff(whole.lrs)
+    decode = np.maximum(0, -(-(inp + out) // B) - n_blocks) if cache_decode else np.zeros_like(n_blocks)
+    arrival = np.ascontiguousarray(trace.request_timestamp, dtype=np.float64)
+
+    def run(pool):
+        if pool.pages < 0:  # the unbounded ceiling: nothing waits, nothing is evicted
+            hit = np.zeros(trace.n_requests, dtype=np.int32)
+            _unbounded_chunk(whole.block, whole.tokens, whole.lrs, B, rules.bits, pool.cached, hit)
+            rej, wait, blocked, span = np.zeros(trace.n_requests, np.bool_), np.zeros(trace.n_requests), 0.0, 0.0
+        else:
+            hit, rej, wait, blocked, span = V.replay_vllm_inflight(whole.block, whole.tokens, whole.lrs,
+                                                                   trace.n_blocks, pool.pages, B, arrival, duration,
+                                                                   decode, rules.bits)
+        _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
+                    B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
+        measured = wait[plan.first_req:][~rej[plan.first_req:]]
+        pool.wait = (float(measured.mean()) if measured.size else None,
+                     float(np.quantile(measured, 0.99, method="inverted_cdf")) if measured.size else None,
+                     blocked / span if span > 0 else 0.0)
+        pool.state = pool.slots = pool.cached = None
+
+    done = 0
+    with ThreadPoolExecutor(max(1, threads)) as ex:
+        for _ in ex.map(run, pools):
+            done += 1
+            if progress is not None:
+                progress(done * trace.n_accesses, len(pools) * trace.n_accesses)
+
+
+def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -> CurveResult:
     model, gpu, B, names, by, first_req = plan.model, plan.gpu, plan.block_tokens, plan.names, plan.by, \
         plan.first_req
     a, b = model.flops_coefficients()
@@ -260,6 +366,9 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt) -> CurveResult:
         if gi == (n_groups if by is not None else 0):
             out["rejected_request_share"] = np.array([p.rejected[0] / measured if measured else np.nan
                                                       for p in pools[:-1]])
+            if in_flight is not None:
+                for i, name in enumerate(("wait_mean_s", "wait_p99_s", "pool_full_share")):
+                    out[name] = np.array([np.nan if p.wait[i] is None else p.wait[i] for p in pools[:-1]])
         return pl.DataFrame(out).with_columns(pl.col(pl.Float64).fill_nan(None))
 
     def select(df: pl.DataFrame, wanted_pages, wanted_bytes) -> pl.DataFrame:
@@ -304,6 +413,10 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt) -> CurveResult:
                  f" (about {ENGINE_POINTS} log-spaced from one block to every distinct block)")),
         "knees": "the smallest evaluated capacity reaching each fraction (grid resolution)",
         "ceiling": "the rules at an unbounded pool; its capacity is that of every distinct block",
+        "in_flight": None if in_flight is None else {
+            "service_time": in_flight[0], "cache_decode": in_flight[1],
+            "admission": "first come, first served; a request holds its blocks from admission for its service "
+                         "time; hits decided and prompt blocks cached at admission"},
     }
     by_group = None
     if by is not None:

@@ -59,6 +59,14 @@ def curve(
         CacheRules.ideal, "--cache-rules", help="ideal (kvtrace's request-atomic LRU, one pass, every capacity) or "
                                                 "vllm: vLLM v1's own prefix-cache rules, one exact replay per "
                                                 "capacity on a thinned grid (what the engine would report)."),
+    in_flight: bool = typer.Option(
+        False, "--in-flight", help="With --cache-rules vllm: requests hold their blocks while in flight "
+                                   "(--service-time), first come first served; adds waiting and pool-full figures."),
+    service_time: str = typer.Option(
+        "input/5000 + output/50", "--service-time", help="Seconds a request is in flight, from its input and "
+                                                         "output tokens (numbers, + - * /, min, max)."),
+    cache_decode: bool = typer.Option(
+        False, "--cache-decode", help="In flight, a request also holds the blocks its output tokens fill."),
     capacity: Optional[str] = typer.Option(
         None, "--capacity", "-c", help="Exact capacities, e.g. 64GiB,1TiB,500GB (default: ~200 log-spaced from one "
                                        "block to all distinct bytes)."),
@@ -119,6 +127,10 @@ def curve(
         raise UsageError("expected sizes such as 64GiB,1TiB, got an empty list (leave --capacity out for the "
                          "default grid)", field="capacity")
     _dask_only(engine, scheduler=scheduler, workers=workers, partitions=partitions)
+    if cache_rules == CacheRules.ideal:
+        for flag, given in (("in-flight", in_flight), ("cache-decode", cache_decode)):
+            if given:
+                raise UsageError(f"--{flag} needs an engine's rules (--cache-rules vllm)", field=flag)
     if cache_rules != CacheRules.ideal:
         for flag, value, given in (("eviction", eviction, eviction != Eviction.prefix_aware),
                                    ("sample-rate", sample_rate, sample_rate is not None),
@@ -159,7 +171,8 @@ def curve(
                     prog.update(task, description=f"{cache_rules.value} replays")
                     result = engine_curve(trace, cache_rules.value, model=m, gpu=g, capacities=caps,
                                           points=points or ENGINE_POINTS, warmup=warmup,
-                                          by=by.value if by else None, progress=cb)
+                                          by=by.value if by else None, in_flight=in_flight,
+                                          service_time=service_time, cache_decode=cache_decode, progress=cb)
                 else:
                     result = compute_curve(
                         trace, model=m, gpu=g, eviction=eviction.value, capacities=caps,
@@ -291,6 +304,15 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
                       "share of requests whose usable prefix covers at least half their prompt (half-prefix "
                       "requests)",
                       markup=False, soft_wrap=True)
+    if rules and info.get("in_flight"):
+        w = Table(title=f"requests in flight ({info['in_flight']['service_time']} s each"
+                        + (", output blocks held" if info["in_flight"]["cache_decode"] else "") + ")")
+        for head in ("capacity", "mean wait", "p99 wait", "pool full"):
+            w.add_column(head, justify="right")
+        for r in result.curve.iter_rows(named=True):
+            w.add_row(format_bytes(r["capacity_bytes"]), present.seconds(r["wait_mean_s"]),
+                      present.seconds(r["wait_p99_s"]), present.rate(r["pool_full_share"]))
+        console.print(w)
     if rules:
         rejected = [x for x in result.curve["rejected_request_share"].to_list() if x]
         console.print(f"rules applied: {info['cache_rules_text']}. The usable-prefix token rate is what the "

@@ -196,3 +196,251 @@ def replay_vllm(block, tokens, req_start, n_ids: int, pools, block_tokens: int, 
         replay_chunk(block, tokens, lrs, P, int(block_tokens), int(rules), *state, np.empty(max(P, 1), np.int64),
                      hit[k], rej[k])
     return hit, rej
+
+
+# --------------------------------------------------------------------------- requests in flight
+@njit(**NJIT)
+def _heap_push(ht, hr, n, t, r):
+    i = n
+    while i > 0:
+        p = (i - 1) >> 1
+        if ht[p] < t or (ht[p] == t and hr[p] < r):
+            break
+        ht[i], hr[i] = ht[p], hr[p]
+        i = p
+    ht[i], hr[i] = t, r
+    return n + 1
+
+
+@njit(**NJIT)
+def _heap_pop(ht, hr, n):
+    n -= 1
+    t, r = ht[n], hr[n]
+    i = 0
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            break
+        if c + 1 < n and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hr[c + 1] < hr[c])):
+            c += 1
+        if t < ht[c] or (t == ht[c] and r < hr[c]):
+            break
+        ht[i], hr[i] = ht[c], hr[c]
+        i = c
+    ht[i], hr[i] = t, r
+    return n
+
+
+@njit(**NJIT)
+def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules, arrival, duration, decode_blocks,
+                     hit_blocks, rejected, wait, stats):
+    """Requests in flight (see :func:`replay_vllm_inflight`); ``stats`` = [time the
+    queue's head waited for blocks, span from the first arrival to the last completion]."""
+    cap = (rules & LAST_TOKEN_CAP) != 0
+    full_only = (rules & FULL_BLOCKS_ONLY) != 0
+    reject = (rules & REJECT_OVERSIZE) != 0
+    hashless_first = (rules & HASHLESS_FIRST) != 0
+    P = pool
+    R = req_start.shape[0] - 1
+    prv = np.arange(-1, P - 1)
+    nxt = np.arange(1, P + 1)
+    if P > 0:
+        nxt[P - 1] = -1
+    head = 0 if P > 0 else -1
+    tail = P - 1
+    n_free = P
+    ref = np.zeros(P, dtype=np.int64)
+    held = np.full(P, -1, dtype=np.int64)
+    cprv = np.full(P, -1, dtype=np.int64)
+    cnxt = np.full(P, -1, dtype=np.int64)
+    first_copy = np.full(n_ids, -1, dtype=np.int64)
+    last_copy = np.full(n_ids, -1, dtype=np.int64)
+    # the blocks each running request holds: slots[own_start[r] : own_start[r] + own_n[r]]
+    total_blocks = 0
+    for r in range(R):
+        total_blocks += req_start[r + 1] - req_start[r] + decode_blocks[r]
+    own = np.empty(max(total_blocks, 1), dtype=np.int64)
+    own_start = np.zeros(R, dtype=np.int64)
+    own_n = np.zeros(R, dtype=np.int64)
+    ht = np.empty(max(R, 1), dtype=np.float64)
+    hr = np.empty(max(R, 1), dtype=np.int64)
+    nh = 0
+    queue_head = 0  # requests queue_head..next_arrival-1 wait, FCFS
+    next_arrival = 0
+    blocked_since = -1.0
+    used = 0
+    t0 = arrival[0] if R > 0 else 0.0
+    last = t0
+    while queue_head < R:
+        # the next event: a completion first at equal times
+        ta = arrival[next_arrival] if next_arrival < R else np.inf
+        if nh > 0 and ht[0] <= ta:
+            now = ht[0]
+            r = hr[0]
+            nh = _heap_pop(ht, hr, nh)
+            for j in range(own_n[r] - 1, -1, -1):  # free tail first
+                s = own[own_start[r] + j]
+                ref[s] -= 1
+                if ref[s] > 0:
+                    continue
+                n_free += 1
+                if hashless_first and held[s] < 0:
+                    prv[s] = -1
+                    nxt[s] = head
+                    if head >= 0:
+                        prv[head] = s
+                    else:
+                        tail = s
+                    head = s
+                else:
+                    nxt[s] = -1
+                    prv[s] = tail
+                    if tail >= 0:
+                        nxt[tail] = s
+                    else:
+                        head = s
+                    tail = s
+            if now > last:
+                last = now
+        elif next_arrival < R:
+            now = ta
+            next_arrival += 1
+        else:
+            break
+        # admit from the queue's head while it fits
+        while queue_head < next_arrival:
+            r = queue_head
+            lo, hi = req_start[r], req_start[r + 1]
+            n = hi - lo
+            need_total = n + decode_blocks[r]
+            if need_total > P and reject:
+                rejected[r] = True
+                wait[r] = 0.0
+                queue_head += 1
+                continue
+            total = 0
+            for t in range(lo, hi):
+                total += tokens[t]
+            h = 0
+            end = 0
+            while h < n:
+                t = lo + h
+                end += tokens[t]
+                if cap and end > total - 1:
+                    break
+                if full_only and tokens[t] != block_tokens:
+                    break
+                if first_copy[block[t]] < 0:
+                    break
+                h += 1
+            nb = n if n <= P else P
+            extra = decode_blocks[r]
+            if nb + extra > P:
+                extra = P - nb
+            touched_free = 0
+            for j in range(h):
+                if ref[first_copy[block[lo + j]]] == 0:
+                    touched_free += 1
+            if (nb - h) + extra + touched_free > n_free:
+                if blocked_since < 0:
+                    blocked_since = now
+                break
+            if blocked_since >= 0:
+                stats[0] += now - blocked_since
+                blocked_since = -1.0
+            hit_blocks[r] = h
+            wait[r] = now - arrival[r]
+            own_start[r] = used
+            own_n[r] = nb + extra
+            for j in range(h):
+                s = first_copy[block[lo + j]]
+                own[used + j] = s
+                if ref[s] == 0:
+                    a, b = prv[s], nxt[s]
+                    if a >= 0:
+                        nxt[a] = b
+                    else:
+                        head = b
+                    if b >= 0:
+                        prv[b] = a
+                    else:
+                        tail = a
+                    n_free -= 1
+                ref[s] += 1
+            for j in range(h, nb + extra):
+                s = head
+                head = nxt[s]
+                if head >= 0:
+                    prv[head] = -1
+                else:
+                    tail = -1
+                n_free -= 1
+                old = held[s]
+                if old >= 0:
+                    a, b = cprv[s], cnxt[s]
+                    if a >= 0:
+                        cnxt[a] = b
+                    else:
+                        first_copy[old] = b
+                    if b >= 0:
+                        cprv[b] = a
+                    else:
+                        last_copy[old] = a
+                    held[s] = -1
+                own[used + j] = s
+                ref[s] = 1
+                if j < nb:
+                    t = lo + j
+                    if not full_only or tokens[t] == block_tokens:
+                        bid = block[t]
+                        held[s] = bid
+                        cnxt[s] = -1
+                        cprv[s] = last_copy[bid]
+                        if last_copy[bid] >= 0:
+                            cnxt[last_copy[bid]] = s
+                        else:
+                            first_copy[bid] = s
+                        last_copy[bid] = s
+            used += nb + extra
+            nh = _heap_push(ht, hr, nh, now + duration[r], r)
+            queue_head += 1
+    if blocked_since >= 0:
+        stats[0] += last - blocked_since
+    for i in range(nh):  # the completions after the last admission
+        if ht[i] > last:
+            last = ht[i]
+    stats[1] = last - t0
+
+
+def replay_vllm_inflight(block, tokens, req_start, n_ids: int, pool: int, block_tokens: int, arrival, duration,
+                         decode_blocks=None, rules: int = ALL_RULES):
+    """Requests in flight through one pool of ``pool`` blocks.
+
+    Each request holds its blocks (its hit copies, its newly allocated prompt blocks and
+    ``decode_blocks[r]`` more for its output, which are never hashed) from admission
+    until admission + ``duration[r]``; held blocks have a reference count above zero and
+    are not on the free queue, so they cannot be evicted (a hit on a held copy only adds
+    a reference). Requests are admitted first come, first served in arrival order: the
+    queue's head is admitted when ``new blocks + its hit copies now on the free queue <=
+    free blocks`` (``allocate_slots``' check), else it and every request behind it wait
+    until completions free enough; a request needing more blocks than the pool is
+    rejected (with ``reject_oversize``; else it keeps what fits). Its hit is decided and
+    its prompt blocks cached at admission. Events at one time: completions first (in
+    completion-time order, ties by request index), then admissions. With every duration
+    0 this is :func:`replay_vllm`.
+
+    Returns ``(hit_blocks int32[R], rejected bool[R], wait_s float64[R], head_blocked_s,
+    span_s)``: the head-of-queue blocked time is the time some request waited for blocks.
+    """
+    lrs = np.ascontiguousarray(req_start, dtype=np.int64)
+    R = lrs.shape[0] - 1
+    hit = np.zeros(R, dtype=np.int32)
+    rej = np.zeros(R, dtype=np.bool_)
+    wait = np.zeros(R, dtype=np.float64)
+    stats = np.zeros(2, dtype=np.float64)
+    dec = np.zeros(R, dtype=np.int64) if decode_blocks is None else np.ascontiguousarray(decode_blocks, np.int64)
+    _replay_inflight(np.ascontiguousarray(block, dtype=np.int64), np.ascontiguousarray(tokens, dtype=np.int64), lrs,
+                     int(n_ids), int(pool), int(block_tokens), int(rules),
+                     np.ascontiguousarray(arrival, dtype=np.float64), np.ascontiguousarray(duration, dtype=np.float64),
+                     dec, hit, rej, wait, stats)
+    return hit, rej, wait, float(stats[0]), float(stats[1])

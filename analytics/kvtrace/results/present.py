@@ -58,6 +58,11 @@ def milliseconds(x) -> str:
     return "-" if x is None else f"{x:,.1f} ms"
 
 
+def seconds(x) -> str:
+    """Seconds with three decimals: ``1.250 s``."""
+    return "-" if x is None else f"{x:,.3f} s"
+
+
 def bandwidth(bytes_per_s) -> str:
     """A bandwidth in binary byte units per second: ``1.5 GiB/s``."""
     return "-" if bytes_per_s is None else format_bytes(bytes_per_s) + "/s"
