@@ -15,8 +15,8 @@ from kvtrace.cli.console import console, progress, report_written, warn, write_j
 from kvtrace.cli.errors import handles_errors
 from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, kv_model, load, scan_streamed
 from kvtrace.cli.options import (BlockTokensOpt, CacheRules, DtypeOpt, Engine, EngineOpt, Eviction, Fmt,
-                                 FormatOpt, GpuPriceOpt, KvBytesOpt, MfuOpt, ModelOpt, SchedulerOpt, ShareTenantsOpt, TraceArg, parse_path,
-                                 with_log_options)
+                                 FormatOpt, GpuPriceOpt, KvBytesOpt, MfuOpt, ModelOpt, SchedulerOpt, ShareTenantsOpt,
+                                 TraceArg, parse_path, with_log_options)
 from kvtrace.errors import UsageError
 from kvtrace.results import present
 from kvtrace.units import format_bytes, parse_sizes
