@@ -6,12 +6,16 @@
 - with every rule off the kernel is kvtrace's ideal request-atomic LRU (the explicit
   ``tests/naive.py`` LRU) on random chained traces at every pool size, and
   ``engine_curve`` equals ``compute_curve`` metric for metric on traces of full blocks;
+- the kernel equals the plain-Python twin of vLLM's block manager (``tests/naive_vllm.py``)
+  request by request (hit blocks, rejections, and in flight the waits) under all 16
+  combinations of the rules, at many pool sizes;
 - the curve does not depend on how the trace is cut into chunks;
 - the command: ``kvtrace curve --cache-rules vllm`` tables and its usage errors.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -23,6 +27,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import naive
+import naive_vllm
 from cli_helpers import one_line_error
 from strategies import chained_traces
 
@@ -295,3 +300,98 @@ def test_curve_command_in_flight(tmp_path):
     assert "requests in flight (input/2000 s each)" in res.output
     line = one_line_error(runner.invoke(app, ["curve", str(CHAT), "--in-flight"], env={"COLUMNS": "200"}), 2)
     assert "in-flight" in line
+
+
+# --------------------------------------------------------------------------- the twin (tests/naive_vllm.py)
+
+RULE_SETS = [(cap, full, rej, order) for cap, full, rej, order in
+             itertools.product([True, False], [True, False], [True, False], ["hashless-first", "append"])]
+
+
+def twin_rules(cap, full, rej, order):
+    bits = ((V.LAST_TOKEN_CAP if cap else 0) | (V.FULL_BLOCKS_ONLY if full else 0)
+            | (V.REJECT_OVERSIZE if rej else 0) | (V.HASHLESS_FIRST if order == "hashless-first" else 0))
+    return naive_vllm.Rules(cap, full, rej, order), bits
+
+
+def random_requests(rng, n_req, B):
+    """Requests as paths in a random prefix tree, partial last blocks, tied arrivals."""
+    children: dict = {}
+    fresh = itertools.count()
+    out = []
+    t = 0.0
+    for _ in range(n_req):
+        node, path = -1, []
+        for _ in range(int(rng.integers(0, 7))):
+            ch = children.setdefault(node, [])
+            node = ch[int(rng.integers(0, len(ch)))] if ch and rng.random() < 0.75 else next(fresh)
+            if node not in ch:
+                ch.append(node)
+            path.append(node)
+        tokens = [B] * len(path)
+        if path and rng.random() < 0.4:
+            tokens[-1] = int(rng.integers(1, B))
+        t += float(rng.choice([0.0, 0.5, 1.0, 3.0]))
+        out.append({"blocks": path, "tokens": tokens, "arrival": t, "duration": float(rng.choice([0.0, 0.7, 2.0,
+                                                                                                   9.0]))})
+    return out
+
+
+def kernel_columns(reqs):
+    block = np.array([b for r in reqs for b in r["blocks"]], dtype=np.int64)
+    tok = np.array([x for r in reqs for x in r["tokens"]], dtype=np.int64)
+    starts = np.cumsum([0] + [len(r["blocks"]) for r in reqs])
+    return block, tok, starts, 1 + int(block.max(initial=0))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_kernel_equals_the_vllm_twin_per_request(seed):
+    rng = np.random.default_rng(seed)
+    reqs = random_requests(rng, int(rng.integers(1, 30)), B)
+    block, tok, starts, n_ids = kernel_columns(reqs)
+    pools = sorted({0, 1, 2, 3, 5, 8, int(rng.integers(0, n_ids + 3)), n_ids + 2})
+    for cap, full, rej, order in RULE_SETS:
+        rules, bits = twin_rules(cap, full, rej, order)
+        hit, rejd = V.replay_vllm(block, tok, starts, n_ids, pools, B, bits)
+        for k, P in enumerate(pools):
+            want = naive_vllm.replay(reqs, P, B, rules)
+            assert hit[k].tolist() == [w.hit_blocks for w in want], (P, rules)
+            assert rejd[k].tolist() == [w.rejected for w in want], (P, rules)
+            got = V.replay_vllm_inflight(block, tok, starts, n_ids, P, B, [r["arrival"] for r in reqs],
+                                         [r["duration"] for r in reqs], None, bits)
+            want = naive_vllm.replay(reqs, P, B, rules, in_flight=True)
+            assert got[0].tolist() == [w.hit_blocks for w in want], ("in flight", P, rules)
+            assert got[1].tolist() == [w.rejected for w in want], ("in flight", P, rules)
+            np.testing.assert_array_equal(got[2], [w.wait_s for w in want])
+
+
+MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("in_flight", [False, True])
+def test_kernel_equals_the_vllm_twin_on_the_mooncake_trace(in_flight):
+    """The first 4,000 requests of the real trace (the twin's lists cost O(pool) per
+    operation), at three HBM-sized pools."""
+    if not MOONCAKE.is_file():
+        pytest.skip(f"shared trace not present: {MOONCAKE}")
+    trace = load_trace(MOONCAKE)
+    ch = next(iter(trace.chunks(size=trace.n_accesses)))
+    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    B_ = trace.meta.block_tokens
+    arrival = trace.request_timestamp
+    duration = (trace.requests["input_tokens"].to_numpy() / 5000 + trace.requests["output_tokens"].to_numpy() / 50)
+    reqs = [{"blocks": block[starts[r]:starts[r + 1]].tolist(), "tokens": tok[starts[r]:starts[r + 1]].tolist(),
+             "arrival": float(arrival[r]), "duration": float(duration[r])} for r in range(4000)]
+    block, tok, starts = block[:starts[4000]], tok[:starts[4000]], starts[:4001]
+    arrival, duration = arrival[:4000], duration[:4000]
+    for P in (256, 1024, 4096):
+        want = naive_vllm.replay(reqs, P, B_, naive_vllm.Rules(), in_flight=in_flight)
+        if in_flight:
+            hit, rej, wait, _, _ = V.replay_vllm_inflight(block, tok, starts, trace.n_blocks, P, B_, arrival, duration)
+            np.testing.assert_allclose(wait, [w.wait_s for w in want], rtol=0, atol=1e-9)
+        else:
+            h, r = V.replay_vllm(block, tok, starts, trace.n_blocks, [P], B_)
+            hit, rej = h[0], r[0]
+        assert hit.tolist() == [w.hit_blocks for w in want]
+        assert rej.tolist() == [w.rejected for w in want]

@@ -25,16 +25,21 @@ block but possibly the last):
    tokens); with ``full_blocks_only``, full blocks only (a partial block is never
    hashed). ``hit_tokens`` = the tokens of those ``h`` blocks (``num_cached_tokens``).
 2. *Reject*: with ``reject_oversize`` and ``n > P`` the request is rejected: no hit, the
-   cache unchanged. Without it, only its first ``P`` blocks are allocated and cached
-   (what a request-atomic LRU keeps of a request larger than the cache).
+   cache unchanged. vLLM's scheduler itself never rejects such a request (it waits and
+   blocks the queue forever); a deployment rejects it earlier, as a prompt longer than
+   ``max_model_len``, which vLLM checks fits the pool at start-up. Without the rule only
+   its first ``P`` blocks are allocated and cached (what a request-atomic LRU keeps of a
+   request larger than the cache).
 3. *Touch* the ``h`` hit copies (the first copy of each id): out of the free queue.
 4. *Allocate* the other blocks from the free queue's head; a popped block that carries
    a hash leaves the hash map (``_maybe_evict_cached_block``).
 5. *Cache* every newly allocated block that can be hashed (all of them without
    ``full_blocks_only``; else the full ones): its id is appended to that id's copies.
 6. *Free* the request's blocks tail first (``free``: reversed order): each to the free
-   queue's tail, except, with ``hashless_first``, a block without a hash, which goes to
-   the head (evicted first).
+   queue's tail, except, with ``hashless_first``, the blocks without a hash, which go to
+   its head as a group in that order (``prepend_n``: reused first). ``hashless_first`` is
+   vLLM's order since #42656; without it every freed block goes to the tail (older
+   versions).
 
 With none of the rules (no cap, partial blocks cached, no rejection, every freed block
 to the tail) the replay is kvtrace's ideal prefix-aware LRU of ``P`` equal blocks.
@@ -159,17 +164,23 @@ def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, he
                 else:
                     first_copy[bid] = s
                 last_copy[bid] = s
-        # 6. free tail first
+        # 6. free tail first (hashless blocks to the head, as a group in that order)
+        ins = -1
         for j in range(nb - 1, -1, -1):
             s = slots[j]
             if hashless_first and held[s] < 0:
-                prv[s] = -1
-                nxt[s] = head
-                if head >= 0:
-                    prv[head] = s
+                b = head if ins < 0 else nxt[ins]  # after the group's previous block
+                prv[s] = ins
+                nxt[s] = b
+                if ins >= 0:
+                    nxt[ins] = s
+                else:
+                    head = s
+                if b >= 0:
+                    prv[b] = s
                 else:
                     tail = s
-                head = s
+                ins = s
             else:
                 nxt[s] = -1
                 prv[s] = tail
@@ -271,27 +282,36 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
     used = 0
     t0 = arrival[0] if R > 0 else 0.0
     last = t0
-    while queue_head < R:
-        # the next event: a completion first at equal times
-        ta = arrival[next_arrival] if next_arrival < R else np.inf
-        if nh > 0 and ht[0] <= ta:
+    while next_arrival < R or queue_head < next_arrival or nh > 0:
+        now = arrival[next_arrival] if next_arrival < R else np.inf
+        if nh > 0 and ht[0] < now:
             now = ht[0]
+        if now > last:
+            last = now
+        # 1. every completion at this time, in admission order: free tail first
+        while nh > 0 and ht[0] <= now:
             r = hr[0]
             nh = _heap_pop(ht, hr, nh)
-            for j in range(own_n[r] - 1, -1, -1):  # free tail first
+            ins = -1
+            for j in range(own_n[r] - 1, -1, -1):
                 s = own[own_start[r] + j]
                 ref[s] -= 1
                 if ref[s] > 0:
                     continue
                 n_free += 1
                 if hashless_first and held[s] < 0:
-                    prv[s] = -1
-                    nxt[s] = head
-                    if head >= 0:
-                        prv[head] = s
+                    b = head if ins < 0 else nxt[ins]
+                    prv[s] = ins
+                    nxt[s] = b
+                    if ins >= 0:
+                        nxt[ins] = s
+                    else:
+                        head = s
+                    if b >= 0:
+                        prv[b] = s
                     else:
                         tail = s
-                    head = s
+                    ins = s
                 else:
                     nxt[s] = -1
                     prv[s] = tail
@@ -300,22 +320,20 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
                     else:
                         head = s
                     tail = s
-            if now > last:
-                last = now
-        elif next_arrival < R:
-            now = ta
+        # 2. arrivals at this time join the queue
+        while next_arrival < R and arrival[next_arrival] <= now:
             next_arrival += 1
-        else:
-            break
-        # admit from the queue's head while it fits
+        # 3. admissions from the queue's head while it fits
         while queue_head < next_arrival:
             r = queue_head
             lo, hi = req_start[r], req_start[r + 1]
             n = hi - lo
-            need_total = n + decode_blocks[r]
-            if need_total > P and reject:
+            if n == 0:
+                wait[r] = now - arrival[r]
+                queue_head += 1
+                continue
+            if n + decode_blocks[r] > P and reject:
                 rejected[r] = True
-                wait[r] = 0.0
                 queue_head += 1
                 continue
             total = 0
@@ -404,11 +422,10 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
             used += nb + extra
             nh = _heap_push(ht, hr, nh, now + duration[r], r)
             queue_head += 1
+            if duration[r] <= 0:
+                break  # its completion is the next event, at this same time
     if blocked_since >= 0:
         stats[0] += last - blocked_since
-    for i in range(nh):  # the completions after the last admission
-        if ht[i] > last:
-            last = ht[i]
     stats[1] = last - t0
 
 
@@ -423,11 +440,13 @@ def replay_vllm_inflight(block, tokens, req_start, n_ids: int, pool: int, block_
     a reference). Requests are admitted first come, first served in arrival order: the
     queue's head is admitted when ``new blocks + its hit copies now on the free queue <=
     free blocks`` (``allocate_slots``' check), else it and every request behind it wait
-    until completions free enough; a request needing more blocks than the pool is
-    rejected (with ``reject_oversize``; else it keeps what fits). Its hit is decided and
-    its prompt blocks cached at admission. Events at one time: completions first (in
-    completion-time order, ties by request index), then admissions. With every duration
-    0 this is :func:`replay_vllm`.
+    until completions free enough (no preemption); a request needing more blocks than
+    the pool is rejected (with ``reject_oversize``; else it keeps what fits). Its hit is
+    decided and its prompt blocks cached at admission. Events at one time: every
+    completion first (in admission order), then the arrivals join the queue, then
+    admissions from its head; a request admitted for 0 s completes at that same time,
+    before the next admission is tried. With every duration 0 this is
+    :func:`replay_vllm`.
 
     Returns ``(hit_blocks int32[R], rejected bool[R], wait_s float64[R], head_blocked_s,
     span_s)``: the head-of-queue blocked time is the time some request waited for blocks.
