@@ -304,37 +304,28 @@ def headroom(demand: Demand, load: LoadModel, response: ResponseModel, meets, *,
     relative), and the row there; None if even ``start / 1024`` fails. The rule
     decides on each level's simulated figures; bisection assumes that a level meeting
     it implies every lower one does."""
-    lo_row = None
-    k = start
-    row, _, _ = run_level(demand, LoadLevel(k), load, response)
-    if meets(row):
-        lo, lo_row = k, row
-        hi = None
-        while hi is None and lo < max_factor:
-            k = lo * 2
-            row, _, _ = run_level(demand, LoadLevel(k), load, response)
-            if meets(row):
-                lo, lo_row = k, row
-            else:
-                hi = k
-        if hi is None:
+
+    def at(k: float):
+        row, _, _ = run_level(demand, LoadLevel(k), load, response)
+        return meets(row), row
+
+    ok, row = at(start)
+    lo, lo_row, hi = (start, row, None) if ok else (None, None, start)
+    while lo is None or hi is None:  # bracket: doubling from a pass, halving from a failure
+        if hi is None and lo >= max_factor:
             return lo, lo_row
-    else:
-        hi = k
-        lo = None
-        while lo is None and hi > start / 1024:
-            k = hi / 2
-            row, _, _ = run_level(demand, LoadLevel(k), load, response)
-            if meets(row):
-                lo, lo_row = k, row
-            else:
-                hi = k
-        if lo is None:
+        if lo is None and hi <= start / 1024:
             return None, None
+        k = lo * 2 if hi is None else hi / 2
+        ok, row = at(k)
+        if ok:
+            lo, lo_row = k, row
+        else:
+            hi = k
     while hi / lo > 1 + precision:
         k = math.sqrt(lo * hi)
-        row, _, _ = run_level(demand, LoadLevel(k), load, response)
-        if meets(row):
+        ok, row = at(k)
+        if ok:
             lo, lo_row = k, row
         else:
             hi = k
