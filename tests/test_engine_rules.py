@@ -1,4 +1,4 @@
-"""Engine-faithful cache rules (``--cache-rules vllm``, :mod:`kvtrace.analyses.engine`).
+"""Engine-faithful cache rules (``--cache-rules vllm|sglang``, :mod:`kvtrace.analyses.engine`).
 
 - hand-computed replays pin each vLLM rule one at a time: the last-token cap and the
   second copy it caches, oversize rejection, hashless blocks freed to the free queue's
@@ -9,6 +9,9 @@
 - the kernel equals the plain-Python twin of vLLM's block manager (``tests/naive_vllm.py``)
   request by request (hit blocks, rejections, and in flight the waits) under all 16
   combinations of the rules, at many pool sizes;
+- the SGLang radix-cache kernel equals its twin (``tests/naive_sglang.py``) request by
+  request under 32 of the 128 rule combinations, and with every rule off its curve is
+  the ideal one;
 - the curve does not depend on how the trace is cut into chunks;
 - the command: ``kvtrace curve --cache-rules vllm`` tables and its usage errors.
 """
@@ -27,6 +30,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 import naive
+import naive_sglang
 import naive_vllm
 from cli_helpers import one_line_error
 from strategies import chained_traces
@@ -36,6 +40,7 @@ from kvtrace.analyses.engine import EngineRules, engine_curve
 from kvtrace.cli import app
 from kvtrace.ingest import load_trace
 from kvtrace.ingest.canonical import requests_to_trace
+from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
 from kvtrace.trace import TraceMeta
 
@@ -329,7 +334,7 @@ def random_requests(rng, n_req, B):
                 ch.append(node)
             path.append(node)
         tokens = [B] * len(path)
-        if path and rng.random() < 0.4:
+        if path and B > 1 and rng.random() < 0.4:
             tokens[-1] = int(rng.integers(1, B))
         t += float(rng.choice([0.0, 0.5, 1.0, 3.0]))
         out.append({"blocks": path, "tokens": tokens, "arrival": t, "duration": float(rng.choice([0.0, 0.7, 2.0,
@@ -395,3 +400,78 @@ def test_kernel_equals_the_vllm_twin_on_the_mooncake_trace(in_flight):
             hit, rej = h[0], r[0]
         assert hit.tolist() == [w.hit_blocks for w in want]
         assert rej.tolist() == [w.rejected for w in want]
+
+
+# --------------------------------------------------------------------------- SGLang (tests/naive_sglang.py)
+SGLANG_FIELDS = ("last_token_cap", "full_pages_only", "reject_oversize", "whole_leaf_eviction", "evict_amount",
+                 "reserve_page", "split_refresh")
+
+
+def sglang_rules(combo):
+    bits = sum(bit for bit, on in zip((S.LAST_TOKEN_CAP, S.FULL_PAGES_ONLY, S.REJECT_OVERSIZE, S.WHOLE_LEAF,
+                                       S.EVICT_NEED, S.RESERVE_PAGE, S.SPLIT_REFRESH), combo) if on)
+    kw = dict(zip(SGLANG_FIELDS, combo))
+    kw["evict_amount"] = "need" if kw["evict_amount"] else "shortfall"
+    return naive_sglang.Rules(**kw), bits
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_sglang_kernel_equals_the_twin_per_request(seed):
+    """Hit pages and rejections under 32 of the 128 rule combinations (always all on and
+    all off), page sizes 1, 4, 8, many pool sizes."""
+    rng = np.random.default_rng(100 + seed)
+    page = int(rng.choice([1, 4, 8]))
+    reqs = random_requests(rng, int(rng.integers(1, 30)), page)
+    block, tok, starts, n_ids = kernel_columns(reqs)
+    pools = sorted({0, 1, 2, 3, 5, 8, int(rng.integers(0, n_ids + 3)), n_ids + 2})
+    combos = list(itertools.product([True, False], repeat=7))
+    picked = [combos[0], combos[-1]] + [combos[int(i)] for i in rng.choice(len(combos), 30, replace=False)]
+    for combo in picked:
+        rules, bits = sglang_rules(combo)
+        hit, rej = S.replay_sglang(block, tok, starts, n_ids, pools, page, bits)
+        for k, P in enumerate(pools):
+            want = naive_sglang.replay(reqs, P, page, rules)
+            assert hit[k].tolist() == [w.hit_blocks for w in want], (P, rules)
+            assert rej[k].tolist() == [w.rejected for w in want], (P, rules)
+
+
+@pytest.mark.slow
+def test_sglang_kernel_equals_the_twin_on_the_mooncake_trace():
+    if not MOONCAKE.is_file():
+        pytest.skip(f"shared trace not present: {MOONCAKE}")
+    trace = load_trace(MOONCAKE)
+    ch = next(iter(trace.chunks(size=trace.n_accesses)))
+    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    reqs = [{"blocks": block[starts[r]:starts[r + 1]].tolist(), "tokens": tok[starts[r]:starts[r + 1]].tolist()}
+            for r in range(trace.n_requests)]
+    pools = [16, 256, 1024, 4096, 16384]
+    hit, rej = S.replay_sglang(block, tok, starts, trace.n_blocks, pools, trace.meta.block_tokens)
+    for k, P in enumerate(pools):
+        want = naive_sglang.replay(reqs, P, trace.meta.block_tokens)
+        assert hit[k].tolist() == [w.hit_blocks for w in want], P
+        assert rej[k].tolist() == [w.rejected for w in want], P
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_sglang_curve_with_rules_off_equals_the_ideal_curve(seed):
+    trace = full_block_trace(50 + seed)
+    caps = [p * B * 327_680 for p in (1, 2, 3, 5, 8, 13, 40, 1000)]
+    eng = engine_curve(trace, EngineRules("sglang", 0), capacities=caps, warmup="10%")
+    ideal = compute_curve(trace, capacities=caps, warmup="10%")
+    for col in (*RATE_COLUMNS, "gpu_seconds_saved_per_hour"):
+        np.testing.assert_allclose(eng.curve[col].to_numpy().astype(float), ideal.curve[col].to_numpy().astype(float),
+                                   rtol=1e-12, atol=1e-15, err_msg=col)
+
+
+def test_curve_command_with_sglang_rules(tmp_path):
+    out = tmp_path / "c.parquet"
+    res = runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "sglang", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "sglang cache rules" in res.output and "rules applied: SGLang radix cache" in res.output
+    t = pl.read_parquet(out)
+    v = engine_curve(load_trace(CHAT), "vllm").curve
+    assert t["capacity_bytes"].to_list() == v["capacity_bytes"].to_list()
+    assert t["prefix_token_hit_rate"].to_list() != v["prefix_token_hit_rate"].to_list()
+    line = one_line_error(runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "sglang", "--in-flight"],
+                                        env={"COLUMNS": "200"}), 2)
+    assert "in-flight" in line

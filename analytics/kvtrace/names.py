@@ -425,7 +425,7 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         **_CURVE,
         "prefix_token_hit_rate_se": ("share", "estimated standard error of prefix_token_hit_rate (--sample-rate)"),
         "rejected_request_share": ("share", "share of measured requests the engine rejects as larger than its pool "
-                                            "(--cache-rules vllm)"),
+                                            "(--cache-rules vllm, sglang)"),
         "wait_mean_s": ("s", "mean time a measured request waited for blocks before admission (--in-flight)"),
         "wait_p99_s": ("s", "p99 of that wait (--in-flight)"),
         "pool_full_share": ("share", "share of the replayed span during which a request waited for blocks "

@@ -4,7 +4,8 @@ request-atomic LRU (``ideal``, :func:`kvtrace.analyses.curves.compute_curve`).
 
 The engines' rules break the stack property (a recomputed last block cached twice,
 requests larger than the pool rejected, whole radix leaves evicted), so a curve is one
-exact replay per capacity (:mod:`kvtrace.kernels.engine_vllm`), on a thinned grid: about
+exact replay per capacity (:mod:`kvtrace.kernels.engine_vllm`,
+:mod:`kvtrace.kernels.engine_sglang`), on a thinned grid: about
 :data:`ENGINE_POINTS` log-spaced pool sizes from one block to every distinct block (or
 the capacities asked for), each a whole number of blocks (a pool holds full blocks).
 The tables are the ideal curve's, metric for metric, computed from each replay's hits
@@ -38,6 +39,7 @@ from kvtrace.analyses.curves import (KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS,
                                      default_grid, plan_curve)
 from kvtrace.config import NJIT
 from kvtrace.errors import UsageError
+from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, LAST_TOKEN_CAP
 from kvtrace.kernels.stackdist import COLD
@@ -50,6 +52,11 @@ ENGINE_POINTS = 24
 STATE_BUDGET_BYTES = 1 << 30
 
 RULE_TEXT = {
+    "sglang": ("SGLang radix cache: the match capped at the prompt's length - 1 tokens and cut to whole pages (a "
+               "recomputed duplicate page freed on insert), only full pages inserted, a prompt of >= pool - 6 tokens "
+               "rejected, admission needing the new tokens + one page < free + evictable, evict(need) tokens when "
+               "the free pages fall short, whole least-recently-used leaves evicted, the unmatched remainder of a "
+               "split node refreshed"),
     "vllm": ("vLLM v1 prefix caching: hits capped at the prompt's length - 1 tokens (a block-aligned prompt's last "
              "block is recomputed and cached again as a second copy), only full blocks hashed, a request larger "
              "than the pool rejected, blocks freed tail-first to the free queue's tail (a block without a hash to "
@@ -70,7 +77,7 @@ class EngineRules:
         if name == "vllm":
             return cls("vllm", V.ALL_RULES)
         if name == "sglang":
-            raise UsageError("--cache-rules sglang is not available yet: use ideal or vllm", field="cache-rules")
+            return cls("sglang", S.ALL_RULES)
         raise UsageError(f"expected one of {', '.join(CACHE_RULES)}, got '{name}'", field="cache-rules")
 
     @property
@@ -78,7 +85,11 @@ class EngineRules:
         if self.bits == V.ALL_RULES:
             return RULE_TEXT[self.name]
         return f"{RULE_TEXT[self.name]}; rules off: " + ", ".join(
-            name for bit, name in V.RULE_NAMES.items() if not self.bits & bit)
+            name for bit, name in self.rule_names.items() if not self.bits & bit)
+
+    @property
+    def rule_names(self) -> dict:
+        return (V if self.name == "vllm" else S).RULE_NAMES
 
 
 #: ``--service-time`` default: a request's time in flight, seconds, from its token counts.
@@ -231,8 +242,8 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     """The capacity-hit curve of ``trace`` under an engine's rules (module docstring).
 
     Parameters are :func:`kvtrace.analyses.curves.compute_curve`'s (``capacities`` in
-    bytes, each rounded down to whole blocks); ``cache_rules`` is ``vllm`` (or
-    ``sglang``), or an :class:`EngineRules` with some rules off. Capacities replay
+    bytes, each rounded down to whole blocks); ``cache_rules`` is ``vllm`` or
+    ``sglang``, or an :class:`EngineRules` with some rules off. Capacities replay
     ``threads`` at a time (default one per core).
 
     With ``in_flight`` each request holds its blocks from admission for its service
@@ -268,6 +279,12 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
         cur.append(pool)
         used += need
     groups.append(cur)
+    if rules.name == "sglang":
+        if in_flight:
+            raise UsageError("--in-flight is available with --cache-rules vllm (sglang: sequential replays)",
+                             field="in-flight")
+        _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress)
+        return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
     if in_flight:
         _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress)
         return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt,
@@ -296,6 +313,30 @@ class _Whole:
         self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
         self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
         self.hi = self.block.shape[0]
+
+
+def _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress):
+    """SGLang's sequential replay of the whole trace per pool (:mod:`kvtrace.kernels.engine_sglang`)."""
+    whole = _Whole(trace)
+
+    def run(pool):
+        hit = np.zeros(trace.n_requests, dtype=np.int32)
+        rej = np.zeros(trace.n_requests, dtype=np.bool_)
+        if pool.pages < 0:
+            _unbounded_chunk(whole.block, whole.tokens, whole.lrs, B, rules.bits, pool.cached, hit)
+        else:
+            h, r = S.replay_sglang(whole.block, whole.tokens, whole.lrs, trace.n_blocks, [pool.pages], B, rules.bits)
+            hit, rej = h[0], r[0]
+        _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
+                    B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
+        pool.state = pool.slots = pool.cached = None
+
+    done = 0
+    with ThreadPoolExecutor(max(1, threads)) as ex:
+        for _ in ex.map(run, pools):
+            done += 1
+            if progress is not None:
+                progress(done * trace.n_accesses, len(pools) * trace.n_accesses)
 
 
 def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress):

@@ -56,9 +56,10 @@ def curve(
         Eviction.prefix_aware, "--eviction", help="prefix-aware (request-atomic, radix-tree-like) or flat (plain "
                                                   "block LRU over the chain stream)."),
     cache_rules: CacheRules = typer.Option(
-        CacheRules.ideal, "--cache-rules", help="ideal (kvtrace's request-atomic LRU, one pass, every capacity) or "
-                                                "vllm: vLLM v1's own prefix-cache rules, one exact replay per "
-                                                "capacity on a thinned grid (what the engine would report)."),
+        CacheRules.ideal, "--cache-rules", help="ideal (kvtrace's request-atomic LRU, one pass, every capacity), "
+                                                "vllm or sglang: the engine's own prefix-cache rules, one exact "
+                                                "replay per capacity on a thinned grid (what the engine would "
+                                                "report)."),
     in_flight: bool = typer.Option(
         False, "--in-flight", help="With --cache-rules vllm: requests hold their blocks while in flight "
                                    "(--service-time), first come first served; adds waiting and pool-full figures."),
@@ -72,7 +73,7 @@ def curve(
                                        "block to all distinct bytes)."),
     points: Optional[int] = typer.Option(
         None, "--points", min=2, max=100000, help="Grid points of the default capacity grid (default 200; 24 pool "
-                                                  "sizes with --cache-rules vllm)."),
+                                                  "sizes with --cache-rules vllm or sglang)."),
     warmup: Optional[str] = typer.Option(
         None, "--warmup", help="Only measure after a warm-up: a fraction of requests (0.1, 10%) or a duration "
                                "(10min)."),

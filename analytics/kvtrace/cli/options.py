@@ -105,6 +105,7 @@ class CacheRules(str, Enum):
 
     ideal = "ideal"
     vllm = "vllm"
+    sglang = "sglang"
 
 
 class Engine(str, Enum):

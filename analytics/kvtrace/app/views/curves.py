@@ -37,9 +37,9 @@ by = c2.selectbox("Break down by", ["none", *groups], key="curve_by",
                   help="One line per group under one shared cache." if groups else "This trace has no type, "
                        "tenant, turn or session columns to group by.")
 state.setdefault("curve_rules", "ideal")
-rules = c3.radio("Cache rules", ["ideal", "vllm"], key="curve_rules", horizontal=True,
-                 help="ideal: kvtrace's request-atomic LRU, every capacity in one pass; vllm: vLLM v1's own "
-                      "prefix-cache rules (last-token cap, full blocks only, rejection, free order), one exact "
+rules = c3.radio("Cache rules", ["ideal", "vllm", "sglang"], key="curve_rules", horizontal=True,
+                 help="ideal: kvtrace's request-atomic LRU, every capacity in one pass; vllm / sglang: the "
+                      "engine's own prefix-cache rules (vLLM's block pool, SGLang's radix cache), one exact "
                       "replay per capacity on a thinned grid: what the engine would report.")
 c3.toggle("SHARDS sampling", key="curve_sample", disabled=rules != "ideal",
           help=f"Approximate curve from a spatial sample of blocks; on by default above "
