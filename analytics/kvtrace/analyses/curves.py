@@ -245,7 +245,8 @@ class _Evaluation:
     request_weights: np.ndarray | None
 
 
-def _evaluate(passed: CurvePass, n_groups: int, grid: np.ndarray, a, b, hist: np.ndarray | None = None) -> _Evaluation:
+def evaluate_pass(passed: CurvePass, n_groups: int, grid: np.ndarray, a, b,
+                  hist: np.ndarray | None = None) -> _Evaluation:
     """Rates on ``grid`` from a pass's histogram (``hist``: another histogram of the
     same pass, e.g. :attr:`CurvePass.at_capacity`'s) and its request keys."""
     kgrid = grid
@@ -424,7 +425,7 @@ def curve_from_pass(trace, plan: CurvePlan, passed: CurvePass) -> CurveResult:
     first_req, rate, wu = plan.first_req, plan.rate, plan.warmup
     bpt = int(model.kv_bytes_per_token)
     a_coef, b_coef = model.flops_coefficients()
-    ev_all = _evaluate(passed, len(names), grid, a_coef, b_coef)
+    ev_all = evaluate_pass(passed, len(names), grid, a_coef, b_coef)
     seconds = float(trace.request_timestamp[-1] - trace.request_timestamp[first_req]) if trace.n_requests else 0.0
     hours = seconds / 3600.0
     nan = np.full(grid.shape, np.nan)
@@ -480,8 +481,8 @@ def curve_from_pass(trace, plan: CurvePlan, passed: CurvePass) -> CurveResult:
         info["sampled_accesses"] = int(passed.n_evaluated)
         info["error_estimate"] = {
             "metric": HEADLINE,
-            "mean_standard_error": _nan_none(np.nanmean(se[sel])) if np.isfinite(se[sel]).any() else None,
-            "max_standard_error": _nan_none(np.nanmax(se[sel])) if np.isfinite(se[sel]).any() else None,
+            "mean_standard_error": nan_none(np.nanmean(se[sel])) if np.isfinite(se[sel]).any() else None,
+            "max_standard_error": nan_none(np.nanmax(se[sel])) if np.isfinite(se[sel]).any() else None,
             "method": f"spread of {SUBSAMPLES} hash-disjoint sub-samples (random-groups estimator)",
             "heavy_blocks_exact": "blocks with accesses x rate >= 1 (at most 64) are tracked exactly",
         }
@@ -494,7 +495,7 @@ def curve_from_pass(trace, plan: CurvePlan, passed: CurvePass) -> CurveResult:
         info["by"] = by
         info["groups"] = names
 
-    ceiling = {k: _nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
+    ceiling = {k: nan_none(ev_all.ceiling[k]) for k in RATE_COLUMNS}
     # the capacity at which every metric reaches its ceiling: the largest finite key
     ceiling["capacity_bytes"] = passed.top * bpt
     knees = _knees(passed, grid, a_coef, b_coef, ev_all, bpt)
@@ -558,7 +559,7 @@ def _group_summary(passed: CurvePass, names, grid, a, b, ev_all, knees, bpt) -> 
     if knee is None:
         at, exact, rates = None, False, {k: np.full(n, np.nan) for k in RATE_COLUMNS}
     elif passed.at_capacity is not None:
-        one = _evaluate(passed, n, np.array([int(knee)], dtype=np.int64), a, b, hist=passed.at_capacity(int(knee)))
+        one = evaluate_pass(passed, n, np.array([int(knee)], dtype=np.int64), a, b, hist=passed.at_capacity(int(knee)))
         at, exact, rates = int(knee), True, {k: one.rates[k][:n, 0] for k in RATE_COLUMNS}
     else:
         gi = max(int(np.searchsorted(grid, int(knee), side="right")) - 1, 0)
@@ -572,7 +573,7 @@ def _group_summary(passed: CurvePass, names, grid, a, b, ev_all, knees, bpt) -> 
         pl.col(pl.Float64).fill_nan(None))
 
 
-def _nan_none(x):
+def nan_none(x):
     x = float(x)
     return None if math.isnan(x) else x
 

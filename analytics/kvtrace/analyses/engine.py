@@ -9,7 +9,7 @@ exact replay per capacity (:mod:`kvtrace.kernels.engine_vllm`,
 :data:`ENGINE_POINTS` log-spaced pool sizes from one block to every distinct block (or
 the capacities asked for), each a whole number of blocks (a pool holds full blocks).
 The tables are the ideal curve's, metric for metric, computed from each replay's hits
-by the same evaluation (:func:`kvtrace.analyses.curves._evaluate` on a one-capacity
+by the same evaluation (:func:`kvtrace.analyses.curves.evaluate_pass` on a one-capacity
 histogram), with these differences, stated in ``info``:
 
 - an engine reuses only a request's leading cached blocks, so the any-block rates equal
@@ -35,7 +35,7 @@ import polars as pl
 from numba import njit
 
 from kvtrace.analyses.curve_pass import CurvePass
-from kvtrace.analyses.curves import (KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, CurveResult, _evaluate, _nan_none,
+from kvtrace.analyses.curves import (KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, CurveResult, evaluate_pass, nan_none,
                                      default_grid, plan_curve)
 from kvtrace.config import NJIT
 from kvtrace.errors import UsageError
@@ -384,7 +384,7 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
     def evaluation(pool, cap_tokens):
         passed = CurvePass(pool.hist, np.where(pool.req_hit, 0, COLD).astype(np.int64), members, 0, None,
                            half_keys=np.where(pool.half_hit, 0, COLD).astype(np.int64), request_group=group)
-        return _evaluate(passed, n_groups, np.array([max(cap_tokens, 1)], dtype=np.int64), a, b)
+        return evaluate_pass(passed, n_groups, np.array([max(cap_tokens, 1)], dtype=np.int64), a, b)
 
     evs = [evaluation(p, int(p.pages) * B) for p in pools[:-1]]
     top = evaluation(pools[-1], 1 << 62)
@@ -426,7 +426,7 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         curve = select(overall, main_pages, None)
     display = None if plan.disp_tokens is None else select(overall, np.asarray(plan.disp_tokens) // B,
                                                            plan.display_capacities)
-    ceiling = {k: _nan_none(top.ceiling[k]) for k in RATE_COLUMNS}
+    ceiling = {k: nan_none(top.ceiling[k]) for k in RATE_COLUMNS}
     ceiling["capacity_bytes"] = int(trace.n_blocks) * B * bpt
     rows = []
     for metric in KNEE_METRICS:
