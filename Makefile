@@ -37,6 +37,7 @@ test-fast: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py --keep
 	$(BIN)/python benchmarks/curve.py --keep
+	$(BIN)/python benchmarks/engine.py --keep
 	$(BIN)/python benchmarks/whatif.py --keep
 	$(BIN)/python benchmarks/load.py --keep
 	$(BIN)/python benchmarks/hashing.py
