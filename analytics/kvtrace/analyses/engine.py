@@ -208,21 +208,30 @@ class _Pool:
     """One capacity's replay state and its sums."""
 
     def __init__(self, pages: int, n_ids: int, R: int, n_groups: int):
-        self.pages = pages
-        self.state = V.new_state(pages, n_ids) if pages >= 0 else None
-        self.cached = np.zeros(n_ids, dtype=np.bool_) if pages < 0 else None
-        self.slots = np.empty(max(pages, 1), dtype=np.int64)
+        self.pages, self.n_ids = pages, n_ids
+        self.state = self.slots = self.cached = None  # replay state: allocated by open(), dropped by close()
         self.hist = np.zeros((2, n_groups, 3, 4), dtype=np.float64)
         self.req_hit = np.zeros(R, dtype=np.bool_)
         self.half_hit = np.zeros(R, dtype=np.bool_)
         self.rejected = np.zeros(1, dtype=np.int64)
 
-    def step(self, ch, B, rules, size, first_req, req_group):
+    def open(self, vllm_state: bool) -> None:
+        """Allocate the replay state (the unbounded ceiling's cached flags; with
+        ``vllm_state`` a vLLM pool's free queue and hash map)."""
+        if self.pages < 0:
+            self.cached = np.zeros(self.n_ids, dtype=np.bool_)
+        elif vllm_state:
+            self.state = V.new_state(self.pages, self.n_ids)
+            self.slots = np.empty(max(self.pages, 1), dtype=np.int64)
+
+    def close(self) -> None:
+        self.state = self.slots = self.cached = None
+
+    def step(self, ch, block, tokens, B, rules, size, first_req, req_group):
+        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64) and add its hits."""
         n = ch.lrs.shape[0] - 1
         hit = np.zeros(n, dtype=np.int32)
         rej = np.zeros(n, dtype=np.bool_)
-        block = np.ascontiguousarray(ch.block, dtype=np.int64)
-        tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
         if self.state is None:
             _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
         else:
@@ -291,14 +300,19 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
                        in_flight=(service_time, cache_decode))
     done, total = 0, len(groups) * trace.n_accesses
     with ThreadPoolExecutor(threads) as ex:
-        for group in groups:
+        for group in groups:  # a group's state exists only while its pass runs
+            for pool in group:
+                pool.open(vllm_state=True)
             for ch in trace.chunks():
-                list(ex.map(lambda p: p.step(ch, B, rules.bits, size, plan.first_req, req_group), group))
+                block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
+                tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
+                list(ex.map(lambda p: p.step(ch, block, tokens, B, rules.bits, size, plan.first_req, req_group),
+                            group))
                 done += ch.hi - ch.lo
                 if progress is not None:
                     progress(done, total)
             for pool in group:
-                pool.state = pool.slots = pool.cached = None
+                pool.close()
     return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
 
 
@@ -315,28 +329,45 @@ class _Whole:
         self.hi = self.block.shape[0]
 
 
+def _each_pool(trace, pools, run, threads, progress) -> None:
+    """``run(pool)`` for every pool over the whole trace, ``threads`` at a time; each
+    pool's state exists only while its replay runs."""
+
+    def one(pool):
+        pool.open(vllm_state=False)
+        try:
+            run(pool)
+        finally:
+            pool.close()
+
+    done = 0
+    with ThreadPoolExecutor(max(1, threads)) as ex:
+        for _ in ex.map(one, pools):
+            done += 1
+            if progress is not None:
+                progress(done * trace.n_accesses, len(pools) * trace.n_accesses)
+
+
+def _unbounded_hits(whole, B, rules, pool) -> np.ndarray:
+    hit = np.zeros(whole.lrs.shape[0] - 1, dtype=np.int32)
+    _unbounded_chunk(whole.block, whole.tokens, whole.lrs, B, rules.bits, pool.cached, hit)
+    return hit
+
+
 def _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress):
     """SGLang's sequential replay of the whole trace per pool (:mod:`kvtrace.kernels.engine_sglang`)."""
     whole = _Whole(trace)
 
     def run(pool):
-        hit = np.zeros(trace.n_requests, dtype=np.int32)
-        rej = np.zeros(trace.n_requests, dtype=np.bool_)
         if pool.pages < 0:
-            _unbounded_chunk(whole.block, whole.tokens, whole.lrs, B, rules.bits, pool.cached, hit)
+            hit, rej = _unbounded_hits(whole, B, rules, pool), np.zeros(trace.n_requests, dtype=np.bool_)
         else:
             h, r = S.replay_sglang(whole.block, whole.tokens, whole.lrs, trace.n_blocks, [pool.pages], B, rules.bits)
             hit, rej = h[0], r[0]
         _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
                     B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
-        pool.state = pool.slots = pool.cached = None
 
-    done = 0
-    with ThreadPoolExecutor(max(1, threads)) as ex:
-        for _ in ex.map(run, pools):
-            done += 1
-            if progress is not None:
-                progress(done * trace.n_accesses, len(pools) * trace.n_accesses)
+    _each_pool(trace, pools, run, threads, progress)
 
 
 def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress):
@@ -350,8 +381,7 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
 
     def run(pool):
         if pool.pages < 0:  # the unbounded ceiling: nothing waits, nothing is evicted
-            hit = np.zeros(trace.n_requests, dtype=np.int32)
-            _unbounded_chunk(whole.block, whole.tokens, whole.lrs, B, rules.bits, pool.cached, hit)
+            hit = _unbounded_hits(whole, B, rules, pool)
             rej, wait, blocked, span = np.zeros(trace.n_requests, np.bool_), np.zeros(trace.n_requests), 0.0, 0.0
         else:
             hit, rej, wait, blocked, span = V.replay_vllm_inflight(whole.block, whole.tokens, whole.lrs,
@@ -363,14 +393,8 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
         pool.wait = (float(measured.mean()) if measured.size else None,
                      float(np.quantile(measured, 0.99, method="inverted_cdf")) if measured.size else None,
                      blocked / span if span > 0 else 0.0)
-        pool.state = pool.slots = pool.cached = None
 
-    done = 0
-    with ThreadPoolExecutor(max(1, threads)) as ex:
-        for _ in ex.map(run, pools):
-            done += 1
-            if progress is not None:
-                progress(done * trace.n_accesses, len(pools) * trace.n_accesses)
+    _each_pool(trace, pools, run, threads, progress)
 
 
 def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -> CurveResult:
