@@ -15,7 +15,12 @@ simulator's semantics (the kernel's module docstring states them in prose):
 * a write happens iff the block is not in the tier already, fits in it and the
   admission policy admits it (every such attempt is an *opportunity*);
 * the per-request accounting (usable prefix, its level = running max of the
-  decisions, reusable prefix = before the first cold access).
+  decisions, reusable prefix = before the first cold access);
+* engine reuse rules (``rules``: 1 = last-token cap, 2 = full blocks only): with 2, an
+  access whose tokens are not ``block_tokens`` does not exist for the tiers (not
+  decided, touched or counted by any policy) and is a cold miss; with 1, a request's
+  last access is decided and touched like the others but reported and accounted as a
+  miss (the engine recomputes it and stores it again).
 
 Times for the residency histograms are quantised exactly as the kernel does
 (:func:`quantise_times`), and binned by octave (:func:`hist_bin`).
@@ -114,7 +119,7 @@ class Tier:
 def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy="all", param=0.0, flash_lru=True, promotion="promote",
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16):
+                   oracle_ok=None, sketch_width=16, rules=0):
     """Replay the trace through DRAM / local SSD / shared flash tiers.
 
     Same arguments as :func:`kvtrace.kernels.tiers.simulate_tiers`, except that
@@ -158,6 +163,12 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     hist = [[[0] * N_BINS for _ in range(3)] for _ in range(3)]
     decision = [MISS] * len(block)
     since = [-1] * len(block)
+    unseen = [bool(rules & 2) and tokens[t] != block_tokens for t in range(len(block))]
+    capped = [False] * len(block)
+    if rules & 1:
+        for r in range(len(starts) - 1):
+            if starts[r + 1] > starts[r]:
+                capped[starts[r + 1] - 1] = True
     cold = [False] * len(block)
 
     def estimate(b: int) -> int:
@@ -244,6 +255,9 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
             # decide
             for t in range(a, z):
                 b = block[t]
+                if unseen[t]:
+                    cold[t] = True
+                    continue
                 if policy == "group":
                     if b in last:
                         group_rereferenced[group[request[last[b]]]] += 1
@@ -273,11 +287,12 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
             # a block repeated in the group is touched once, at its first position
             head = {}
             for t in range(a, z):
-                head.setdefault(block[t], t)
+                if not unseen[t]:
+                    head.setdefault(block[t], t)
             # touch, pass 1 (tail-first): pin DRAM blocks, promote or read flash hits
             for t in reversed(range(a, z)):
                 b = block[t]
-                if head[b] != t:
+                if head.get(b) != t:
                     continue
                 if b in drams[n]:
                     ins, _ = drams[n].take(b, size[b])
@@ -308,7 +323,7 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
             for t in reversed(range(a, z)):
                 d = decision[t]
                 b = block[t]
-                if head[b] != t:
+                if head.get(b) != t:
                     continue
                 D = drams[n]
                 if d in (LOCAL, FLASH) and (promotion == "none" or size[b] > D.capacity):
@@ -333,6 +348,10 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
                     if not write_through:
                         write_below_dram(n, v, now, now_q, meas)
 
+    # the engine recomputes a capped access: reported and accounted as a miss
+    for t in range(len(block)):
+        if capped[t]:
+            decision[t] = MISS
     # accounting, request by request
     req_level, req_out = [], []
     sums: dict[str, float] = {}

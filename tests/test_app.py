@@ -302,12 +302,29 @@ def test_curves_bad_capacity_is_one_line(chat):
 # --------------------------------------------------------------------------- what-ifs
 
 
-def _whatif_ref(trace, dram: str, flash: str, policy: str, model="Llama-3.1-70B") -> dict:
+def _whatif_ref(trace, dram: str, flash: str, policy: str, model="Llama-3.1-70B", cache_rules="ideal") -> dict:
     gpu = resolve_gpu("H100")
     response = ResponseModel(dram_fixed_s=0.2e-3, dram_bytes_per_s=25e9, flash_fixed_s=1e-3, flash_bytes_per_s=6e9,
                              overhead_s=1e-3, recompute_flops_per_s=gpu.effective_flops)
     return simulate(trace, TierConfig(dram, flash_bytes=flash, policy=policy), model=resolve_model(model), gpu=gpu,
-                    response=response).summary
+                    response=response, cache_rules=cache_rules).summary
+
+
+def test_whatifs_under_engine_rules_equal_simulate(chat):
+    """The Cache rules radio: every row is simulate(cache_rules=...)'s, the rules are stated."""
+    at = launch("views/whatifs.py")
+    next(w for w in at.multiselect if w.key == "wi_policies").set_value(["all"])
+    next(r for r in at.radio if r.key == "wi_rules").set_value("vllm")
+    at.button[0].click()
+    at.run()
+    clean(at)
+    row = table(at, "config").row(0, named=True)
+    ref = _whatif_ref(chat, "64GiB", "1TiB", "all", cache_rules="vllm")
+    ideal = _whatif_ref(chat, "64GiB", "1TiB", "all")
+    assert row["DRAM"] == pct(ref["dram_prefix_token_hit_rate"]) != pct(ideal["dram_prefix_token_hit_rate"])
+    assert row["SSD/flash"] == pct(ref["flash_prefix_token_hit_rate"])
+    assert row["p99"] == f"{ref['service_time_p99_ms']:,.1f} ms"
+    assert any("Cache rules (vllm): vLLM v1" in c.value for c in at.caption)
 
 
 def test_whatifs_table_equals_simulate_and_follows_the_form(chat):
@@ -445,6 +462,24 @@ def test_sizing_page_shows_the_librarys_recommendation(chat):
     assert _sizing_tables(at)["same-slo"]["net $/month"].to_list() == [
         f"-${-x:,.2f}" if x < 0 else f"${x:,.2f}"
         for x in sizing_form.sizing_table(ref3, "same-slo")["net_usd_per_month"]]
+
+
+def test_sizing_page_under_engine_rules_is_the_librarys(chat):
+    import dataclasses
+
+    from kvtrace.analyses.sizing import default_config, recommend
+
+    at = launch("views/sizing.py")
+    next(r for r in at.radio if r.key == "sz.search.cache_rules").set_value("sglang")
+    at.run()
+    clean(at)
+    ref = recommend(chat, dataclasses.replace(default_config(), cache_rules="sglang"))
+    assert _card(at) == _expected_card(ref.recommendation)
+    assert _sizing_tables(at)["same-slo"]["P99"].to_list() == [
+        "-" if x is None else f"{x:,.1f} ms" for x in sizing_form.sizing_table(ref, "same-slo")["service_time_p99_ms"]]
+    form = sizing_form.sizing_config_from_form({k[3:]: v for k, v in at.session_state.items()
+                                                if k.startswith("sz.") and not k.startswith("sz.tier.")})
+    assert form.cache_rules == "sglang" and 'cache_rules = "sglang"' in form.to_toml()
 
 
 def test_sizing_card_says_when_no_configuration_is_feasible(chat):

@@ -61,8 +61,9 @@ def positions(req_start) -> np.ndarray:
 
 
 @st.composite
-def sim_inputs(draw, max_nodes: int = 3):
-    """Kernel arguments for a random trace and a random configuration."""
+def sim_inputs(draw, max_nodes: int = 3, rules: bool = False):
+    """Kernel arguments for a random trace and a random configuration (with ``rules``,
+    random engine reuse rules, and a block size some accesses fill exactly)."""
     tr = draw(st.one_of(random_traces(max_blocks=8, max_accesses=36, max_requests=10, sizes=st.integers(1, 6)),
                         chained_traces(max_requests=10, max_new=3, sizes=st.integers(1, 6))))
     block, size, req_start = tr.block, tr.size, tr.req_start
@@ -97,6 +98,11 @@ def sim_inputs(draw, max_nodes: int = 3):
                 .reshape(n) if policy == "value" or draw(st.booleans()) else None),
         sketch_width=draw(st.sampled_from([2, 4, 16])),
     )
+    if rules:
+        kw["rules"] = draw(st.sampled_from([0, K.RULE_LAST_TOKEN_CAP, K.RULE_FULL_BLOCKS_ONLY,
+                                            K.RULE_LAST_TOKEN_CAP | K.RULE_FULL_BLOCKS_ONLY]))
+        if n:
+            kw["block_tokens"] = int(draw(st.sampled_from(sorted(set(tokens.tolist())))))
     args = (block, size, req_start, tokens, positions(req_start), ts,
             np.array(draw(st.lists(st.integers(0, nodes - 1), min_size=R, max_size=R)), dtype=np.int64).reshape(R))
     return args, kw, policy, draw(st.sampled_from(twin.PROMOTIONS))
@@ -214,7 +220,42 @@ def test_kernel_matches_twin_each_policy_with_local_ssd_and_flash(case, policy):
 
 
 @SETTINGS
-@given(sim_inputs(), st.sampled_from(twin.POLICIES), st.data())
+@given(sim_inputs(rules=True))
+def test_kernel_matches_twin_under_engine_rules(case):
+    args, kw, policy, promotion = case
+    got, want = run_both(args, kw, policy, promotion)
+    assert_runs_equal(got, want)
+
+
+def test_engine_rules_by_hand():
+    """Block size 4; requests [0, 1] (4 + 2 tokens: block 1 partial) then [0, 1, 2]
+    (4 + 4 + 4 tokens, block 1 now full under the same id) then [0, 1]; DRAM holds
+    everything. Ideal: the second request hits 0 and 1, the third 0 and 1. Full blocks
+    only: the partial block 1 of request 0 is never cached, so request 1 hits 0 only and
+    caches 1 (full there); request 2's block 1 is partial again: a miss. Last-token cap:
+    each request's last block is a miss though cached (request 1: 0, 1 hit, 2 capped;
+    request 2: 0 hits, 1 capped)."""
+    block = np.array([0, 1, 0, 1, 2, 0, 1])
+    tokens = np.array([4, 2, 4, 4, 4, 4, 2], np.int32)
+    req_start = np.array([0, 2, 5, 7])
+    args = (block, np.array([4, 4, 4]), req_start, tokens, positions(req_start), np.arange(3.0), np.zeros(3, np.int64))
+    kw = dict(block_tokens=4, prefix_aware=True, dram=100, local=0, flash=0, n_nodes=1)
+    M = K.MISS
+    for rules, want in ((0, [M, M, 0, 0, M, 0, 0]),
+                        (K.RULE_FULL_BLOCKS_ONLY, [M, M, 0, M, M, 0, M]),
+                        (K.RULE_LAST_TOKEN_CAP, [M, M, 0, 0, M, 0, M]),
+                        (K.RULE_LAST_TOKEN_CAP | K.RULE_FULL_BLOCKS_ONLY, [M, M, 0, M, M, 0, M])):
+        got = K.simulate_tiers(*args, **kw, rules=rules)
+        npt.assert_array_equal(got.decision, want, err_msg=f"rules {rules}")
+        assert_runs_equal(got, twin.simulate_tiers(*args, **kw, rules=rules))
+    # full blocks only: the partial accesses are cold misses, and never occupy DRAM
+    got = K.simulate_tiers(*args, **{**kw, "dram": 4}, rules=K.RULE_FULL_BLOCKS_ONLY)
+    assert got.cold.tolist() == [True, True, False, True, True, False, True]
+    assert got.counts["evict_dram"] == 2  # 0 then 1 evicted by 1 then 2 (the partial ones never enter)
+
+
+@SETTINGS
+@given(sim_inputs(rules=True), st.sampled_from(twin.POLICIES), st.data())
 def test_feeding_in_chunks_equals_one_call(case, policy, data):
     """Requests fed in chunks (a streamed trace) give the whole-trace run bit for bit,
     whatever the split points: the admission inputs of an earlier chunk's access are

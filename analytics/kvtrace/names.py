@@ -150,6 +150,7 @@ _WHATIF = {
     "write_mode": ("text", "write-on-evict or write-through"),
     "inclusive": ("bool", "tiers may hold copies of one block"),
     "eviction": ("text", "LRU model: prefix-aware or flat"),
+    "cache_rules": ("text", "engine reuse rules applied to the tiers: ideal, vllm or sglang"),
     "model": ("text", "model preset"),
     "kv_bytes_per_token": ("bytes/token", "KV-cache bytes per token"),
     **_tier_shares(),

@@ -478,6 +478,7 @@ def _simulate_task(trace, config, kwargs) -> dict:
 
 
 def sweep(trace, configs: list, *, client, model=None, gpu=None, response=None, eviction: str = "prefix-aware",
+          cache_rules: str = "ideal",
           values=None, warmup=None,
           progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
     """:func:`kvtrace.analyses.whatif.sweep` with one configuration per Dask task.
@@ -491,7 +492,8 @@ def sweep(trace, configs: list, *, client, model=None, gpu=None, response=None, 
 
     kwargs = {"model": model if isinstance(model, ModelSpec) else resolve_model(model),
               "gpu": gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu), "response": response,
-              "eviction": eviction, "values": None if values is None else values_array(values, trace.n_accesses),
+              "eviction": eviction, "cache_rules": cache_rules,
+              "values": None if values is None else values_array(values, trace.n_accesses),
               "warmup": warmup}
     shared = client.scatter(trace, broadcast=True)
     futures = [client.submit(_simulate_task, shared, c, kwargs, pure=False) for c in configs]

@@ -162,11 +162,11 @@ def future_values(key: str, model: str, gpu: str, horizon: str, _trace):
 
 @st.cache_data(show_spinner=False, max_entries=256)
 def whatif(key: str, config: dict, model: str, gpu: str, eviction: str, response: dict, warmup: str | None,
-           _trace, _values=None) -> dict:
+           _trace, _values=None, cache_rules: str = "ideal") -> dict:
     """One configuration through :func:`kvtrace.analyses.whatif.simulate`: its summary row
     (``kvtrace whatif`` builds its table from the same rows)."""
     return simulate(_trace, TierConfig(**config), model=resolve_model(model), gpu=resolve_gpu(gpu),
-                    response=ResponseModel(**response), eviction=eviction, values=_values,
+                    response=ResponseModel(**response), eviction=eviction, cache_rules=cache_rules, values=_values,
                     warmup=warmup).summary
 
 

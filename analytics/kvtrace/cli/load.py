@@ -14,9 +14,9 @@ from rich.table import Table
 from kvtrace.cli.console import console, progress, report_written, write_json
 from kvtrace.cli.errors import handles_errors
 from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, kv_model, load as load_input, scan_streamed
-from kvtrace.cli.options import (BlockTokensOpt, DtypeOpt, Eviction, Fmt, FormatOpt, GpuPriceOpt, KvBytesOpt,
-                                 LibraryDefault, MfuOpt, ModelOpt, ShareTenantsOpt, TraceArg, parse_path,
-                                 with_log_options)
+from kvtrace.cli.options import (BlockTokensOpt, CacheRules, DtypeOpt, Eviction, Fmt, FormatOpt, GpuPriceOpt,
+                                 KvBytesOpt, LibraryDefault, MfuOpt, ModelOpt, ShareTenantsOpt, TierCacheRulesOpt,
+                                 TraceArg, parse_path, with_log_options)
 from kvtrace.cli.whatif import (DramGbpsOpt, DramLatencyOpt, DramOpt, EvictionOpt, FlashGbpsOpt, FlashLatencyOpt,
                                 FlashOpt, FlashOrder, FlashOrderOpt, GridOpt, InclusiveOpt, LocalSsdOpt, OverheadOpt,
                                 PolicyOpt, Promotion, PromotionOpt, Routing, RoutingOpt, StreamOpt, WarmupOpt,
@@ -84,6 +84,7 @@ def load(
     inclusive: bool = InclusiveOpt,
     flash_order: FlashOrder = FlashOrderOpt,
     eviction: Eviction = EvictionOpt,
+    cache_rules: CacheRules = TierCacheRulesOpt,
     stream: Optional[bool] = StreamOpt,
     warmup: Optional[str] = WarmupOpt,
     model: Optional[str] = ModelOpt,
@@ -169,7 +170,7 @@ def load(
         with progress() as prog:
             task = prog.add_task("replays and load levels", total=len(configs) * (len(levels) + 1))
             result = load_curve(trace, configs, levels, load_model, model=m, gpu=g, response=response,
-                                eviction=eviction.value, warmup=warmup, values=values,
+                                eviction=eviction.value, cache_rules=cache_rules.value, warmup=warmup, values=values,
                                 progress=lambda d, t: prog.update(task, completed=d, total=t))
         elapsed = time.perf_counter() - t0
     doc = result.to_dict()
@@ -215,4 +216,5 @@ def _render(trace_path: Path, result, elapsed: float) -> None:
     for line in present.load_notes(table):
         console.print(line, markup=False, soft_wrap=True)
     console.print(f"assumed: {result.info['assumptions']}", style="dim", markup=False, soft_wrap=True)
+    console.print(f"cache rules: {result.info['cache_rules_text']}", style="dim", markup=False, soft_wrap=True)
     console.print(f"{table.height} level(s) in {elapsed:.2f} s", style="dim", markup=False)

@@ -108,6 +108,14 @@ class CacheRules(str, Enum):
     sglang = "sglang"
 
 
+#: ``--cache-rules`` of the tier commands (``whatif``, ``load``): the engine's reuse
+#: rules applied to the DRAM / flash tiers (:data:`kvtrace.analyses.whatif.TIER_RULES`).
+TierCacheRulesOpt = typer.Option(
+    CacheRules.ideal, "--cache-rules", help="ideal (kvtrace's model), vllm or sglang: the engine's reuse rules on the "
+                                            "tiers (a request's last block recomputed, only full blocks stored); its "
+                                            "GPU-pool rules are kvtrace curve --cache-rules.")
+
+
 class Engine(str, Enum):
     local = "local"
     dask = "dask"

@@ -14,9 +14,10 @@ from rich.table import Table
 from kvtrace.cli.console import console, progress, report_written, warn, write_json
 from kvtrace.cli.errors import handles_errors
 from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, kv_model, load, scan_streamed
-from kvtrace.cli.options import (BlockTokensOpt, DtypeOpt, Engine, EngineOpt, Eviction, Fmt, FormatOpt, GpuPriceOpt,
-                                 HorizonDefault, KvBytesOpt, LibraryDefault, MfuOpt, ModelOpt, SchedulerOpt,
-                                 ShareTenantsOpt, TraceArg, parse_path, with_log_options)
+from kvtrace.cli.options import (BlockTokensOpt, CacheRules, DtypeOpt, Engine, EngineOpt, Eviction, Fmt, FormatOpt,
+                                 GpuPriceOpt, HorizonDefault, KvBytesOpt, LibraryDefault, MfuOpt, ModelOpt,
+                                 SchedulerOpt, ShareTenantsOpt, TierCacheRulesOpt, TraceArg, parse_path,
+                                 with_log_options)
 from kvtrace.errors import UsageError
 from kvtrace.results import present
 
@@ -99,6 +100,7 @@ def whatif(
     inclusive: bool = InclusiveOpt,
     flash_order: FlashOrder = FlashOrderOpt,
     eviction: Eviction = EvictionOpt,
+    cache_rules: CacheRules = TierCacheRulesOpt,
     stream: Optional[bool] = StreamOpt,
     warmup: Optional[str] = WarmupOpt,
     model: Optional[str] = ModelOpt,
@@ -182,8 +184,8 @@ def whatif(
             warn(trace_path, "--routing session: the trace has no session ids, so each request is routed by a hash "
                  "of its own id (a session's turns land on any node, as with random routing); --routing prefix "
                  "keeps requests that share a first block on one node")
-        _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
-                    scheduler, out, plot, json_out)
+        _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, cache_rules.value, warmup,
+                    workers, engine, scheduler, out, plot, json_out)
 
 
 def comma_list(text: str, name: str, example: str) -> list[str]:
@@ -194,9 +196,9 @@ def comma_list(text: str, name: str, example: str) -> list[str]:
     return items
 
 
-def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, warmup, workers, engine,
+def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, cache_rules, warmup, workers, engine,
                 scheduler, out, plot, json_out) -> None:
-    from kvtrace.analyses.whatif import sweep
+    from kvtrace.analyses.whatif import TIER_RULE_TEXT, sweep
     from kvtrace.outputs import write_table
 
     values = None
@@ -213,7 +215,7 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
         with dask_client(scheduler, workers or 2) as client, progress() as prog:
             task = prog.add_task("configurations (dask)", total=len(configs))
             table = dask_sweep(trace, configs, client=client, model=m, gpu=g, response=response,
-                               eviction=eviction.value, values=values, warmup=warmup,
+                               eviction=eviction.value, cache_rules=cache_rules, values=values, warmup=warmup,
                                progress=lambda d, t: prog.update(task, completed=d, total=t))
     else:
         from kvtrace.analyses.whatif import plan_workers
@@ -222,16 +224,17 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, w
         with progress() as prog:
             task = prog.add_task("configurations", total=len(configs))
             table = sweep(trace, configs, model=m, gpu=g, response=response, eviction=eviction.value,
-                          values=values, warmup=warmup, workers=n_workers,
+                          cache_rules=cache_rules, values=values, warmup=warmup, workers=n_workers,
                           progress=lambda d, t: prog.update(task, completed=d, total=t))
     elapsed = time.perf_counter() - t0
     if json_out == "-":
         write_json("-", {"configs": table.to_dicts()})
     else:
         _render_whatif(trace_path, table, elapsed, len(configs), how)
+        console.print(f"cache rules: {TIER_RULE_TEXT[cache_rules]}", style="dim", markup=False, soft_wrap=True)
     if out is not None:
         write_table(table, out, metadata={"model": m.name, "kv_bytes_per_token": m.kv_bytes_per_token,
-                                          "eviction": eviction.value})
+                                          "eviction": eviction.value, "cache_rules": cache_rules})
     if plot is not None:
         from kvtrace.results.charts import frontier_chart, save_chart
 

@@ -21,9 +21,9 @@ from kvtrace.config import NJIT
 from kvtrace.kernels.tier_table import (
     ABSENT, COLD_FLAG, COPY, C_ACC, C_EVICT, C_EVICT_TOK, C_OFFER, C_OFFER_TOK, C_PROMO, C_PROMO_TOK, C_REQ, C_WRITE,
     C_WRITE_TOK, DRAM, FLASH, I_BLOCK_TOKENS, I_FIRST_MEASURED, I_FLASH_LRU, I_HAS_FLASH, I_HAS_LOCAL, I_HAS_VALUES,
-    I_NODES, I_PREFIX, I_PROMOTION, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, PROMOTE, P_GROUP,
-    P_ORACLE, P_TINYLFU, R_FL_Q, R_FL_TOK, R_MISS_Q, R_MISS_TOK, R_PRE_Q, R_PRE_TOK, R_READS, R_SRC, R_TOTAL_Q,
-    R_TOTAL_TOK, R_WRITES, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
+    I_NODES, I_PREFIX, I_PROMOTION, I_RULES, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, PROMOTE,
+    P_GROUP, P_ORACLE, P_TINYLFU, RULE_FULL_BLOCKS_ONLY, RULE_LAST_TOKEN_CAP, R_FL_Q, R_FL_TOK, R_MISS_Q, R_MISS_TOK,
+    R_PRE_Q, R_PRE_TOK, R_READS, R_SRC, R_TOTAL_Q, R_TOTAL_TOK, R_WRITES, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
     S_VALUE_CAPTURED, COUNT, FIRST_REQ, HEAD, HIST_LAST, INFO, INS, LIST0, INFO_ORACLE, PREV, RLAST, INFO_SIZE,
     STAT, TCH, admit_offer, time_bin, evict_lru, link_before, link_mru, prefetch_ahead, sketch_add, unlink_row,
 )
@@ -65,6 +65,9 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     policy = _KERNEL_POLICY  # a compile-time constant: one kernel per policy (see _specialise)
     shift = ip[I_TIME_SHIFT]
     B = np.float64(ip[I_BLOCK_TOKENS])
+    Bi = ip[I_BLOCK_TOKENS]
+    cap_last = (ip[I_RULES] & RULE_LAST_TOKEN_CAP) != 0
+    full_only = (ip[I_RULES] & RULE_FULL_BLOCKS_ONLY) != 0
     use_sketch = policy == P_TINYLFU
     use_groups = policy == P_GROUP
     M = st.shape[0] - 1
@@ -119,6 +122,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         p_tok = 0.0
         p_size = 0.0
         p_q = 0.0
+        cap_d = -1  # the decision of a capped last block (touched as decided, accounted a miss)
         n_touch_groups = 1 if prefix_aware else hi - lo
         for k in range(n_touch_groups):
             if prefix_aware:
@@ -131,73 +135,85 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             for t in range(a, z):
                 b = block[t]
                 s = st[b, INFO, INFO_SIZE]
-                tl = st[b, STAT, RLAST]
-                if use_groups:
-                    if tl >= 0:
-                        gstat[req_group[tl], 1] += 1
-                    gstat[req_group[rg], 0] += 1
-                first_req = st[b, STAT, FIRST_REQ]
-                if prefix_aware:
-                    cold = first_req < 0 or first_req == rg
+                if full_only and tokens[t] != Bi:
+                    # never cached (full blocks only): the engine recomputes it, the tiers never see it
+                    d = MISS
+                    cold = True
+                    decision[t] = MISS + COLD_FLAG
                 else:
-                    cold = st[b, STAT, COUNT] == 0
-                st[b, STAT, COUNT] += 1
-                st[b, STAT, RLAST] = rg
-                if has_values:
-                    last_val[b] = values[t]
-                if has_oracle:
-                    st[b, INFO, INFO_ORACLE] = oracle_ok[t]
-                if first_req < 0:
-                    st[b, STAT, FIRST_REQ] = rg
-                if use_sketch:
-                    sketch_add(sketch, sk_ops, st, b)
-                if prefix_aware and tl == rg:  # a repeat in this group: decided (and pinned) at its first occurrence
-                    head = st[b, STAT, HEAD]
-                    d = decision[head] & 3
-                    since = since_buf[head - lo]
-                else:
-                    st[b, STAT, HEAD] = t
-                    if st[b, D, PREV] != ABSENT:
-                        d = DRAM
-                        X = D
-                    elif has_local and st[b, Lc, PREV] != ABSENT:
-                        d = LOCAL
-                        X = Lc
-                    elif has_flash and st[b, F, PREV] != ABSENT:
-                        d = FLASH
-                        X = F
+                    tl = st[b, STAT, RLAST]
+                    if use_groups:
+                        if tl >= 0:
+                            gstat[req_group[tl], 1] += 1
+                        gstat[req_group[rg], 0] += 1
+                    first_req = st[b, STAT, FIRST_REQ]
+                    if prefix_aware:
+                        cold = first_req < 0 or first_req == rg
                     else:
-                        d = MISS
-                        X = -1
-                    since = st[b, X, TCH] if X >= 0 else -1
-                    since_buf[t - lo] = since
-                    # pin
-                    if d == DRAM:
-                        unlink_row(st, D, b)
-                        used[D] -= s
-                    elif d != MISS:
-                        fits = s <= cap[D]  # a block larger than DRAM is never promoted
-                        if promotion == PROMOTE and fits:
-                            unlink_row(st, X, b)
-                            used[X] -= s
-                            if meas:
-                                cnt[C_PROMO + d] += 1
-                                cnt[C_PROMO_TOK + d] += s
-                                hist[d, 0, time_bin(nq - st[b, X, INS], shift)] += 1
+                        cold = st[b, STAT, COUNT] == 0
+                    st[b, STAT, COUNT] += 1
+                    st[b, STAT, RLAST] = rg
+                    if has_values:
+                        last_val[b] = values[t]
+                    if has_oracle:
+                        st[b, INFO, INFO_ORACLE] = oracle_ok[t]
+                    if first_req < 0:
+                        st[b, STAT, FIRST_REQ] = rg
+                    if use_sketch:
+                        sketch_add(sketch, sk_ops, st, b)
+                    if prefix_aware and tl == rg:  # a repeat in this group: decided and pinned at its first
+                        head = st[b, STAT, HEAD]
+                        d = decision[head] & 3
+                        since = since_buf[head - lo]
+                    else:
+                        st[b, STAT, HEAD] = t
+                        if st[b, D, PREV] != ABSENT:
+                            d = DRAM
+                            X = D
+                        elif has_local and st[b, Lc, PREV] != ABSENT:
+                            d = LOCAL
+                            X = Lc
+                        elif has_flash and st[b, F, PREV] != ABSENT:
+                            d = FLASH
+                            X = F
                         else:
-                            if flash_lru:
+                            d = MISS
+                            X = -1
+                        since = st[b, X, TCH] if X >= 0 else -1
+                        since_buf[t - lo] = since
+                        # pin
+                        if d == DRAM:
+                            unlink_row(st, D, b)
+                            used[D] -= s
+                        elif d != MISS:
+                            fits = s <= cap[D]  # a block larger than DRAM is never promoted
+                            if promotion == PROMOTE and fits:
                                 unlink_row(st, X, b)
-                                if d == LOCAL:
-                                    link_before(st, X, b, behind_local)
-                                    behind_local = b
-                                else:
-                                    link_before(st, X, b, behind_flash)
-                                    behind_flash = b
-                            st[b, X, TCH] = nq
-                            if meas and promotion == COPY and fits:
-                                cnt[C_PROMO + d] += 1
-                                cnt[C_PROMO_TOK + d] += s
-                decision[t] = d + COLD_FLAG if cold else d
+                                used[X] -= s
+                                if meas:
+                                    cnt[C_PROMO + d] += 1
+                                    cnt[C_PROMO_TOK + d] += s
+                                    hist[d, 0, time_bin(nq - st[b, X, INS], shift)] += 1
+                            else:
+                                if flash_lru:
+                                    unlink_row(st, X, b)
+                                    if d == LOCAL:
+                                        link_before(st, X, b, behind_local)
+                                        behind_local = b
+                                    else:
+                                        link_before(st, X, b, behind_flash)
+                                        behind_flash = b
+                                st[b, X, TCH] = nq
+                                if meas and promotion == COPY and fits:
+                                    cnt[C_PROMO + d] += 1
+                                    cnt[C_PROMO_TOK + d] += s
+                    decision[t] = d + COLD_FLAG if cold else d
+                if cap_last and t == hi - 1 and d != MISS:
+                    # the last block is recomputed (hits capped at the prompt's length - 1 tokens): the
+                    # tiers see the block the engine stores again (touched as decided), not read
+                    cap_d = d
+                    d = MISS
+                    decision[t] = MISS + COLD_FLAG if cold else MISS
                 # account (forward over the request)
                 kt = np.float64(tokens[t])
                 fs = np.float64(s)
@@ -254,9 +270,9 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
             # write path is compiled once.
             for t in range(z - 1, a - 1, -1):
                 b = block[t]
-                if st[b, STAT, HEAD] != t:
+                if st[b, STAT, HEAD] != t or (full_only and tokens[t] != Bi):
                     continue
-                d = decision[t] & 3
+                d = cap_d if t == hi - 1 and cap_d >= 0 else decision[t] & 3
                 s = st[b, INFO, INFO_SIZE]
                 if (d == LOCAL or d == FLASH) and (promotion == NO_PROMOTION or s > cap[D]):
                     continue  # served in place
@@ -353,7 +369,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         req_out[R_WRITES + 1, rg - out_base] = wrote_f
         # request branch: deepest tier of the usable prefix, miss if it is empty
         branch = MISS
-        if hi > lo and (decision[lo] & 3) != MISS:
+        if hi > lo and (decision[lo] & 3) != MISS:  # a capped or uncached access's decision is MISS
             branch = level
         req_level[rg] = branch
         if meas:

@@ -29,8 +29,11 @@ PROMOTE, COPY, NO_PROMOTION = 0, 1, 2
 
 # integer parameters (ip)
 I_POLICY, I_PARAM, I_NODES, I_HAS_LOCAL, I_HAS_FLASH, I_FLASH_LRU, I_PROMOTION, I_WRITE_THROUGH = range(8)
-I_PREFIX, I_FIRST_MEASURED, I_HAS_VALUES, I_TIME_SHIFT, I_BLOCK_TOKENS = range(8, 13)
-N_IP = 13
+I_PREFIX, I_FIRST_MEASURED, I_HAS_VALUES, I_TIME_SHIFT, I_BLOCK_TOKENS, I_RULES = range(8, 14)
+N_IP = 14
+# engine reuse rules (bits of ip[I_RULES]): the last block of a request is recomputed
+# (hits capped at its prompt's length - 1 tokens); only full blocks are cached
+RULE_LAST_TOKEN_CAP, RULE_FULL_BLOCKS_ONLY = 1, 2
 # float parameters (fp)
 F_PARAM = 0
 N_FP = 1

@@ -104,6 +104,19 @@ touched by an earlier request); the request's *branch* is the level of its last 
 block (MISS if none). Counters, sums and histograms cover the measured requests
 (``>= first_measured``) only.
 
+Engine reuse rules (``rules``, bits of ``ip[I_RULES]``; 0 = none)
+----------------------------------------------------------------
+What the serving engines allow any tier to reuse (``--cache-rules vllm|sglang``):
+
+- ``RULE_FULL_BLOCKS_ONLY``: an access not of ``block_tokens`` tokens (a partial last
+  block) is never cached: it is not decided, touched or counted for any policy
+  (the tiers never see it); it is accounted a cold miss (its tokens recomputed).
+- ``RULE_LAST_TOKEN_CAP``: the request's last access is recomputed (the engines cap a
+  hit at the prompt's length - 1 tokens): it is decided and touched as any access (the
+  tiers see the block the engine stores again, so their state is the ideal model's),
+  but its decision is ``MISS`` and it is accounted a miss (not read, ending the usable
+  prefix); it stays cold or not as decided.
+
 Residency: per tier (0 DRAM, 1 local SSD, 2 shared flash), ``hist[tier, 0]`` lifetime
 = exit time - insert time (exit by eviction or by a promotion out of the tier),
 ``hist[tier, 1]`` idle before eviction = eviction time - last touch, ``hist[tier, 2]``
@@ -125,10 +138,10 @@ from kvtrace.kernels.tier_replay import SIMULATE, oracle_flags_chunk
 from kvtrace.kernels.tier_table import (
     COLD_FLAG, COPY, COUNT_NAMES, DRAM, FLASH, F_PARAM, HIST_EDGES, HIST_MAX_EXP, HIST_METRICS, HIST_MIN_EXP,
     HIST_TIERS, I_BLOCK_TOKENS, I_FIRST_MEASURED, I_FLASH_LRU, I_HAS_FLASH, I_HAS_LOCAL, I_HAS_VALUES, I_NODES,
-    I_PARAM, I_POLICY, I_PREFIX, I_PROMOTION, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION, N_COUNTS,
-    N_FP, N_IP, N_REQ_COLS, N_SUMS, PROB_SEED, PROMOTE, P_ALL, P_FREQ, P_GROUP, P_IDLE, P_NONE, P_ORACLE, P_PROB,
-    P_TINYLFU, P_VALUE, REQUEST_COLUMNS, SKETCH_MAX, SKETCH_RESET_FACTOR, SKETCH_SEED, SUM_NAMES, LIST0,
-    aligned_zeros, init_sketch_keys, new_state,
+    I_PARAM, I_POLICY, I_PREFIX, I_PROMOTION, I_RULES, I_TIME_SHIFT, I_WRITE_THROUGH, LOCAL, MISS, NO_PROMOTION,
+    N_COUNTS, N_FP, N_IP, N_REQ_COLS, N_SUMS, PROB_SEED, PROMOTE, P_ALL, P_FREQ, P_GROUP, P_IDLE, P_NONE, P_ORACLE,
+    P_PROB, P_TINYLFU, P_VALUE, REQUEST_COLUMNS, RULE_FULL_BLOCKS_ONLY, RULE_LAST_TOKEN_CAP, SKETCH_MAX,
+    SKETCH_RESET_FACTOR, SKETCH_SEED, SUM_NAMES, LIST0, aligned_zeros, init_sketch_keys, new_state,
 )
 
 
@@ -249,7 +262,7 @@ class TierSimulator:
     def __init__(self, size, req_ts, req_node, *, block_tokens, prefix_aware, dram, local, flash, n_nodes,
                  policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE, write_through=False,
                  first_measured=0, req_group=None, n_groups=1, has_values=False, sketch_width=16,
-                 scratch=None, chunk_columns=False) -> None:
+                 scratch=None, chunk_columns=False, rules=0) -> None:
         size = np.ascontiguousarray(size, dtype=np.int64)
         M = size.shape[0]
         N = int(n_nodes)
@@ -287,6 +300,7 @@ class TierSimulator:
         ip[I_FIRST_MEASURED] = int(first_measured)
         ip[I_HAS_VALUES] = int(bool(has_values))
         ip[I_BLOCK_TOKENS] = int(block_tokens)
+        ip[I_RULES] = int(rules)
         self.fp = np.zeros(N_FP, dtype=np.float64)
         self.fp[F_PARAM] = float(param)
         use_sketch = int(policy) == P_TINYLFU
@@ -394,7 +408,7 @@ class TierSimulator:
 def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy=P_ALL, param=0.0, flash_lru=True, promotion=PROMOTE,
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16) -> TierRun:
+                   oracle_ok=None, sketch_width=16, rules=0) -> TierRun:
     """Run the tier simulation over a whole trace in memory (see the module docstring).
 
     Parameters
@@ -435,13 +449,16 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
         :func:`reuse_oracle_flags` of the admit-all run (``P_ORACLE``).
     sketch_width : int
         TinyLFU sketch width (a power of two >= 2).
+    rules : int
+        Engine reuse rules, bits ``RULE_LAST_TOKEN_CAP`` | ``RULE_FULL_BLOCKS_ONLY``
+        (module docstring, "Engine reuse rules"); 0 = kvtrace's ideal model.
     """
     req_start = np.ascontiguousarray(req_start, dtype=np.int64)
     sim = TierSimulator(size, req_ts, req_node, block_tokens=block_tokens, prefix_aware=prefix_aware, dram=dram,
                         local=local, flash=flash, n_nodes=n_nodes, policy=policy, param=param, flash_lru=flash_lru,
                         promotion=promotion, write_through=write_through, first_measured=first_measured,
                         req_group=req_group, n_groups=n_groups, has_values=values is not None,
-                        sketch_width=sketch_width)
+                        sketch_width=sketch_width, rules=rules)
     if req_start.shape[0] - 1 != sim.req_first.shape[0]:
         raise ValueError("req_start and req_ts disagree on the number of requests")
     decision = sim.feed(block, tokens, pos, req_start, values, oracle_ok)
@@ -453,5 +470,6 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
 __all__ = ["COLD_FLAG", "COPY", "COUNT_NAMES", "DRAM", "FLASH", "HIST_EDGES", "HIST_MAX_EXP", "HIST_METRICS",
            "HIST_MIN_EXP", "HIST_TIERS", "LOCAL", "MISS", "NO_PROMOTION", "PROB_SEED", "PROMOTE", "P_ALL", "P_FREQ",
            "P_GROUP", "P_IDLE", "P_NONE", "P_ORACLE", "P_PROB", "P_TINYLFU", "P_VALUE", "REQUEST_COLUMNS",
+           "RULE_FULL_BLOCKS_ONLY", "RULE_LAST_TOKEN_CAP",
            "SKETCH_MAX", "SKETCH_RESET_FACTOR", "SKETCH_SEED", "SUM_NAMES", "TierRun", "TierSimulator",
            "oracle_flags_chunk", "quantise_times", "reuse_oracle_flags", "simulate_tiers", "sketch_width"]

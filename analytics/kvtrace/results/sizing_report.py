@@ -54,7 +54,7 @@ def _blocks(result: SizingResult) -> list[tuple]:
             f"Model: {info['model']} ({info['kv_bytes_per_token']:,} KV bytes per token); GPU: {gpu}",
             f"SLO (reusable-prefix time per request): {c.slo_text()}; realisation ratio {pct_text(c.realisation)}",
             f"Deployment today: DRAM {format_bytes(c.current_dram_bytes)} per node x {c.nodes} node(s), "
-            f"{c.routing} routing, {c.eviction} LRU",
+            f"{c.routing} routing, {c.eviction} LRU, {c.cache_rules} cache rules",
             "Prices, power and speeds are the config's: the example file's numbers are illustrative, not quotes.",
         ]),
         ("h2", rec.headline[:1].upper() + rec.headline[1:]),

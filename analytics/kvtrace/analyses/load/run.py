@@ -210,8 +210,10 @@ def _summarise(sim, demand, level, load, response, w0, w1, n_meas, keep_ttft):
 
 def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpec | str | None = None,
                   gpu: GpuSpec | str | None = None, response: ResponseModel | None = None,
-                  eviction: str = "prefix-aware", warmup=None, values=None, progress=None):
-    """One replay of ``trace`` through ``config``: its :class:`Demand` and what-if summary."""
+                  eviction: str = "prefix-aware", cache_rules: str = "ideal", warmup=None, values=None,
+                  progress=None):
+    """One replay of ``trace`` through ``config`` (under ``cache_rules``, as
+    :func:`kvtrace.analyses.whatif.simulate`): its :class:`Demand` and what-if summary."""
     model = model if isinstance(model, ModelSpec) else resolve_model(model)
     gpu = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
     response = response if response is not None else ResponseModel(recompute_flops_per_s=gpu.effective_flops)
@@ -221,7 +223,7 @@ def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpe
                     load.prefill_tokens_per_s)
     try:
         result = simulate(trace, config, model=model, gpu=gpu, response=response, eviction=eviction,
-                          values=values, warmup=warmup, progress=progress, requests_table=False,
+                          cache_rules=cache_rules, values=values, warmup=warmup, progress=progress, requests_table=False,
                           on_chunk=demand.add)
     except BaseException:
         demand.close()
@@ -231,8 +233,8 @@ def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpe
 
 def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: LoadModel, *,
                model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
-               response: ResponseModel | None = None, eviction: str = "prefix-aware", warmup=None, values=None,
-               progress=None, threads: int | None = None) -> LoadResult:
+               response: ResponseModel | None = None, eviction: str = "prefix-aware", cache_rules: str = "ideal",
+               warmup=None, values=None, progress=None, threads: int | None = None) -> LoadResult:
     """Every configuration at every load level: one replay per configuration, one
     queue simulation per level over its demand (levels run ``threads`` at a time, by
     default one per core: the simulator releases the GIL; results do not depend on it)."""
@@ -246,7 +248,8 @@ def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: 
     done = 0
     for config in configs:
         demand, whatif = replay_demand(trace, config, load, model=model, gpu=gpu, response=response,
-                                       eviction=eviction, warmup=warmup, values=values)
+                                       eviction=eviction, cache_rules=cache_rules, warmup=warmup,
+                                       values=values)
         done += 1
         if progress is not None:
             progress(done, total)
@@ -264,7 +267,11 @@ def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: 
                     progress(done, total)
         finally:
             demand.close()
-    info = {"model": model.name, "gpu": gpu.name, "load": load.to_dict(), "assumptions": load.assumptions(response),
+    from kvtrace.analyses.whatif import TIER_RULE_TEXT
+
+    info = {"model": model.name, "gpu": gpu.name, "load": load.to_dict(),
+            "assumptions": load.assumptions(response) + f"; cache rules: {cache_rules}",
+            "cache_rules": cache_rules, "cache_rules_text": TIER_RULE_TEXT[cache_rules],
             "response": response.__dict__.copy(), "warmup": warmup}
     return LoadResult(table_of(rows), pl.DataFrame(res_rows, infer_schema_length=None) if res_rows
                       else pl.DataFrame(), info)

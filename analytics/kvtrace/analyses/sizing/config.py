@@ -138,7 +138,8 @@ SECTIONS = {
                  ("link_discipline", "str"), ("overlap", "share"), ("route_ms", "nonneg"), ("decode_ms", "nonneg"),
                  ("max_wait_s", "positive"))}},
     "deployment": {"nodes": ("nodes", "int"), "routing": ("routing", "str"), "dram": ("current_dram_bytes", "size0")},
-    "search": {"policies": ("policies", "strlist"), "eviction": ("eviction", "str")},
+    "search": {"policies": ("policies", "strlist"), "eviction": ("eviction", "str"),
+               "cache_rules": ("cache_rules", "str")},
 }
 _REQUIRED = {("deployment", "dram"), ("economics", "realisation")}
 
@@ -191,6 +192,11 @@ class SizingConfig:
         Admission policies tried on the flash finalists (``[search]``).
     eviction : str
         ``prefix-aware`` or ``flat`` LRU model.
+    cache_rules : str
+        ``ideal``, ``vllm`` or ``sglang``: the engine reuse rules every replay applies
+        to the tiers (:data:`kvtrace.analyses.whatif.TIER_RULES`; the search's
+        estimates from reuse distances stay the ideal model's, each candidate shown
+        is replayed under the rules).
     tiers : dict of str to TierSpec
         ``dram`` (required), ``local_ssd`` and ``shared_flash`` (a missing flash tier
         drops its candidates).
@@ -239,6 +245,7 @@ class SizingConfig:
     routing: str = "session"
     policies: tuple = ("all", "second-hit", "tinylfu")
     eviction: str = "prefix-aware"
+    cache_rules: str = "ideal"
 
     # ------------------------------------------------------------------ parsing
     @classmethod
@@ -307,6 +314,8 @@ class SizingConfig:
             raise err("deployment.routing", f"expected session, round-robin or prefix, got '{kw['routing']}'")
         if "eviction" in kw and kw["eviction"] not in ("prefix-aware", "flat"):
             raise err("search.eviction", f"expected prefix-aware or flat, got '{kw['eviction']}'")
+        if "cache_rules" in kw and kw["cache_rules"] not in ("ideal", "vllm", "sglang"):
+            raise err("search.cache_rules", f"expected ideal, vllm or sglang, got '{kw['cache_rules']}'")
         if "kv_bytes_per_token" in kw and kw["kv_bytes_per_token"] < 1:
             raise err("model.kv_bytes_per_token", "expected a positive number of bytes per token")
         if "policies" in kw:

@@ -340,7 +340,7 @@ class Sizer:
         tc = TierConfig(p.dram, flash_bytes=p.flash, local_ssd_bytes=p.local, nodes=c.nodes, routing=c.routing,
                         policy=pol, window_s=c.window_s, name=config_label(c, p))
         r = simulate(self.trace, tc, model=self.model, gpu=self.gpu, response=resp, eviction=c.eviction,
-                     warmup=c.warmup, scratch=self.scratch)
+                     cache_rules=c.cache_rules, warmup=c.warmup, scratch=self.scratch)
         s = r.summary
         req = r.requests
         fb = (req["local_bytes"] + req["flash_bytes"]).to_numpy()

@@ -51,6 +51,8 @@ class WhatifReplay:
         of the flash tier; None without one.
     eviction : str
         ``prefix-aware`` or ``flat``.
+    cache_rules : str
+        ``ideal``, ``vllm`` or ``sglang``.
     warmup : str or None
         Warm-up fraction or duration.
     """
@@ -75,6 +77,7 @@ class WhatifReplay:
     overhead_ms: float | None
     eviction: str
     warmup: str | None
+    cache_rules: str = "ideal"
 
     @property
     def has_flash(self) -> bool:
@@ -107,6 +110,8 @@ def whatif_args(replay: WhatifReplay) -> list[str]:
                  "--overhead-ms", repr(r.overhead_ms)]
     if r.eviction != "prefix-aware":
         args += ["--eviction", r.eviction]
+    if r.cache_rules != "ideal":
+        args += ["--cache-rules", r.cache_rules]
     if r.warmup:
         args += ["--warmup", r.warmup]
     return args

@@ -391,7 +391,8 @@ def recommend(trace, config: SizingConfig, progress: Callable[[float, str], None
         "ceiling_prefix_token_hit_rate": curve.ceiling.get("prefix_token_hit_rate"),
         "distinct_bytes": curve.info.get("distinct_bytes"),
         "search_points": len(sz.search_rows), "search_sample_every": ev.sample_every,
-        "replays": len(sz.sims), "eviction": c.eviction, "nodes": c.nodes, "routing": c.routing,
+        "replays": len(sz.sims), "eviction": c.eviction, "cache_rules": c.cache_rules, "nodes": c.nodes,
+        "routing": c.routing,
     }
     rec = _recommendation(sz, slo_rows, cap_rows, bud_rows, info, trace_name or trace.meta.source or "TRACE")
     info["elapsed_s"] = time.perf_counter() - t_start
@@ -424,7 +425,7 @@ def _under_load(sz: Sizer, rows: list[dict]) -> list[dict]:
         cfg = TierConfig(dram_bytes=p.dram, local_ssd_bytes=p.local, flash_bytes=p.flash, nodes=c.nodes,
                          routing=c.routing, policy=row["policy"] or "all")
         demand, _ = replay_demand(sz.trace, cfg, load, model=sz.model, gpu=sz.gpu, response=response,
-                                  eviction=c.eviction, warmup=c.warmup)
+                                  eviction=c.eviction, cache_rules=c.cache_rules, warmup=c.warmup)
         try:
             at, _, _ = run_level(demand, LoadLevel(1.0), load, response)
             factor, best = headroom(demand, load, response, c.meets_ttft)
@@ -465,7 +466,8 @@ def _replay(sz: Sizer, row: dict, trace_name: str) -> WhatifReplay:
         kv_bytes_per_token=c.kv_bytes_per_token, dtype=c.dtype, gpu=c.gpu, mfu=gpu.mfu,
         gpu_dollars_per_hour=gpu.dollars_per_hour, dram_gbps=resp.dram_gbps, dram_latency_ms=resp.dram_latency_ms,
         flash_gbps=resp.flash_gbps if flash else None, flash_latency_ms=resp.flash_latency_ms if flash else None,
-        overhead_ms=resp.overhead_ms if flash else None, eviction=c.eviction, warmup=c.warmup)
+        overhead_ms=resp.overhead_ms if flash else None, eviction=c.eviction, warmup=c.warmup,
+        cache_rules=c.cache_rules)
 
 
 def _recommendation(sz: Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: str) -> Recommendation:
@@ -602,6 +604,14 @@ def _recommendation(sz: Sizer, slo_rows, cap_rows, bud_rows, info, trace_name: s
     if info["search_sample_every"] > 1:
         risks.append(f"The search estimated on 1 in {info['search_sample_every']} requests; the table is replayed "
                      "in full.")
+    if c.cache_rules == "ideal":
+        risks.append("Cache rules: kvtrace's ideal model (every block, partial ones included, reusable); the "
+                     "engines recompute a request's last block and store only full blocks: set [search] "
+                     "cache_rules = \"vllm\" or \"sglang\" to replay with their rules.")
+    else:
+        reasons.append(f"Every replay applies {c.cache_rules}'s reuse rules to the tiers (a request's last block "
+                       "recomputed, only full blocks stored); the search's estimates are the ideal model's, so "
+                       "each candidate is confirmed by replay.")
     if c.loaded:
         if top.get("load_headroom_factor") is not None:
             reasons.append(

@@ -112,10 +112,12 @@ from kvtrace.analyses.whatif.config import (
 )
 from kvtrace.analyses.whatif.metrics import summary_table, tier_share
 from kvtrace.analyses.whatif.policy import Policy, parse_policy
-from kvtrace.analyses.whatif.simulate import WhatIfResult, oracle_flags, simulate, values_array
+from kvtrace.analyses.whatif.simulate import (
+    TIER_RULE_TEXT, TIER_RULES, WhatIfResult, oracle_flags, simulate, tier_rules, values_array,
+)
 from kvtrace.analyses.whatif.sweep import REPLAY_ACCESSES_PER_S, WORKER_START_S, plan_workers, sweep
 
-__all__ = ["FLASH_ORDERS", "MAX_NODES", "PROMOTIONS", "Policy", "REPLAY_ACCESSES_PER_S", "ROUTINGS", "TierConfig",
-           "WORKER_START_S", "WRITE_MODES", "WhatIfResult", "config_grid", "has_session_ids", "local_vs_shared",
+__all__ = ["FLASH_ORDERS", "MAX_NODES", "PROMOTIONS", "Policy", "REPLAY_ACCESSES_PER_S", "ROUTINGS", "TIER_RULES",
+           "TIER_RULE_TEXT", "TierConfig", "WORKER_START_S", "WRITE_MODES", "WhatIfResult", "config_grid", "has_session_ids", "local_vs_shared",
            "oracle_flags", "parse_policy", "plan_workers", "route", "simulate", "summary_table", "sweep",
-           "tier_share", "trace_needs", "values_array"]
+           "tier_rules", "tier_share", "trace_needs", "values_array"]

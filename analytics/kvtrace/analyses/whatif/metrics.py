@@ -229,7 +229,8 @@ def residency_table(hist: np.ndarray, config: TierConfig, shift: int) -> pl.Data
                                       "bin_hi_s": pl.Float64, "count": pl.Int64}, orient="row")
 
 
-_STRING_COLUMNS = {"config", "routing", "policy", "flash_order", "promotion", "write_mode", "eviction", "model"}
+_STRING_COLUMNS = {"config", "routing", "policy", "flash_order", "promotion", "write_mode", "eviction", "cache_rules",
+                   "model"}
 _INT_COLUMNS = {"dram_bytes", "local_ssd_bytes", "flash_bytes", "nodes", "kv_bytes_per_token", "flash_write_bytes",
                 "local_write_bytes", "flash_write_opportunities", "local_write_opportunities",
                 "dram_eviction_bytes", "local_eviction_bytes", "flash_eviction_bytes", "promotions",

@@ -91,6 +91,33 @@ def values_array(values, n: int) -> np.ndarray | Path | None:
     return arr
 
 
+#: The engine reuse rules a tier replay applies under each ``--cache-rules`` (the
+#: kernel's ``RULE_*`` bits, :mod:`kvtrace.kernels.tiers` "Engine reuse rules").
+#: vLLM and SGLang share both: a hit capped at the prompt's length - 1 tokens, only
+#: full blocks (pages) cached. Their pool rules (free order, second copies, oversize
+#: rejection, SGLang's eviction amount) belong to the GPU pool, which the tiers are not.
+TIER_RULES = {"ideal": 0, "vllm": K.RULE_LAST_TOKEN_CAP | K.RULE_FULL_BLOCKS_ONLY,
+              "sglang": K.RULE_LAST_TOKEN_CAP | K.RULE_FULL_BLOCKS_ONLY}
+#: What each ``--cache-rules`` means for the tiers (``info["cache_rules_text"]``).
+TIER_RULE_TEXT = {
+    "ideal": "kvtrace's ideal model: every block of a prompt, partial ones included, can be stored and reused",
+    **{name: (f"{label}: a request's last block is recomputed (hits capped at the prompt's length - 1 tokens) and "
+              "stored again; only full blocks are stored or reused (a partial last block is recomputed and never "
+              "reaches a tier). The engine's GPU-pool rules (free order, second copies, oversize rejection"
+              + (", eviction amount" if name == "sglang" else "") + ") apply to its HBM, not to these tiers: "
+              f"kvtrace curve --cache-rules {name} replays them")
+       for name, label in (("vllm", "vLLM v1 with a KV offload connector"),
+                           ("sglang", "SGLang with hierarchical cache"))},
+}
+
+
+def tier_rules(cache_rules: str) -> int:
+    """The kernel's rule bits of ``cache_rules`` (``ideal``, ``vllm`` or ``sglang``)."""
+    if cache_rules not in TIER_RULES:
+        raise UsageError(f"expected ideal, vllm or sglang, got '{cache_rules}'", field="cache-rules")
+    return TIER_RULES[cache_rules]
+
+
 _column_ids = itertools.count()
 
 
@@ -121,7 +148,7 @@ def oracle_flags(trace: TraceSource, decisions: Column) -> Column:
 def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, first_req: int, node,
             policy: Policy, values: Column | None = None, oracle: Column | None = None, group=None, n_groups=1,
             decisions: Column | None = None, fold: RequestFold | None = None, progress=None,
-            scratch=None, on_chunk=None) -> K.TierRun:
+            scratch=None, on_chunk=None, rules: int = 0) -> K.TierRun:
     """One replay, chunk by chunk: ``values`` and ``oracle`` are read alongside the
     blocks; ``decisions``, if given, receives each access's decision; ``fold``, if
     given, each chunk's per-request outputs (the simulator keeps only the last chunk's)."""
@@ -133,6 +160,7 @@ def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, fi
         param=policy.param, flash_lru=config.flash_order == "lru", promotion=PROMOTIONS[config.promotion],
         write_through=config.write_mode == "write-through", first_measured=first_req, req_group=group,
         n_groups=n_groups, has_values=values is not None, sketch_width=width, scratch=scratch, chunk_columns=True,
+        rules=rules,
     )
     columns = [c for c in (values, oracle) if c is not None]
     for ch in trace.chunks(columns=columns):
@@ -161,6 +189,7 @@ def simulate(
     gpu: GpuSpec | str | None = None,
     response: ResponseModel | None = None,
     eviction: str = "prefix-aware",
+    cache_rules: str = "ideal",
     values=None,
     warmup: str | float | None = None,
     progress=None,
@@ -187,6 +216,9 @@ def simulate(
         ``ResponseModel(recompute_flops_per_s=gpu.effective_flops)``.
     eviction : str
         ``prefix-aware`` (default) or ``flat`` LRU model, as for the curve.
+    cache_rules : str
+        ``ideal`` (default), ``vllm`` or ``sglang``: the engine's reuse rules applied
+        to the tiers (:data:`TIER_RULES`, :data:`TIER_RULE_TEXT`).
     values : float64[N], FutureReuse or path, optional
         Value ($) of keeping the block after each access (``value>=v`` policy and the
         value columns), or the path of a float64 file of them
@@ -218,6 +250,7 @@ def simulate(
     gpu = gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu)
     response = response if response is not None else ResponseModel(recompute_flops_per_s=gpu.effective_flops)
     ev = normalise_eviction(eviction)
+    rules = tier_rules(cache_rules)
     prefix_aware = ev == "prefix-aware"
     bpt = int(model.kv_bytes_per_token)
     a_coef, b_coef = model.flops_coefficients()
@@ -243,14 +276,14 @@ def simulate(
         decisions = _scratch_column(trace, "decisions")
         try:
             _replay(trace, config, caps, prefix_aware, first_req, node, Policy("all"), decisions=decisions,
-                    progress=progress, scratch=scratch)
+                    progress=progress, scratch=scratch, rules=rules)
             oracle = oracle_flags(trace, decisions)
         finally:
             decisions.drop()
     try:
         fold = RequestFold(trace, first_req, config, bpt, a_coef, b_coef, response, requests_table)
         run = _replay(trace, config, caps, prefix_aware, first_req, node, policy, vals, oracle, group, n_groups,
-                      fold=fold, progress=progress, scratch=scratch, on_chunk=on_chunk)
+                      fold=fold, progress=progress, scratch=scratch, on_chunk=on_chunk, rules=rules)
     finally:
         if oracle is not None:
             oracle.drop()
@@ -261,12 +294,13 @@ def simulate(
         "config": config.label, "dram_bytes": config.dram_bytes, "local_ssd_bytes": config.local_ssd_bytes,
         "flash_bytes": config.flash_bytes, "nodes": config.nodes, "routing": config.routing,
         "policy": config.policy, "flash_order": config.flash_order, "promotion": config.promotion,
-        "write_mode": config.write_mode, "inclusive": config.inclusive, "eviction": ev, "model": model.name,
-        "kv_bytes_per_token": bpt, **summary,
+        "write_mode": config.write_mode, "inclusive": config.inclusive, "eviction": ev, "cache_rules": cache_rules,
+        "model": model.name, "kv_bytes_per_token": bpt, **summary,
     }
     shift = run.time_shift
     info = {
         "model": model.name, "kv_bytes_per_token": bpt, "gpu": gpu.name, "eviction": ev,
+        "cache_rules": cache_rules, "cache_rules_text": TIER_RULE_TEXT[cache_rules],
         "capacity_tokens": {"dram": caps[0], "local_ssd": caps[1], "flash": caps[2]},
         "warmup": None if wu is None else {"kind": wu[0], "value": wu[1]},
         "first_measured_request": first_req, "response": dataclasses.asdict(response),
@@ -275,4 +309,4 @@ def simulate(
     return WhatIfResult(config, summary, residency_table(run.hist, config, shift), requests, info)
 
 
-__all__ = ["WhatIfResult", "oracle_flags", "simulate", "values_array"]
+__all__ = ["TIER_RULES", "TIER_RULE_TEXT", "WhatIfResult", "oracle_flags", "simulate", "tier_rules", "values_array"]

@@ -140,6 +140,7 @@ def sweep(
     gpu: GpuSpec | str | None = None,
     response: ResponseModel | None = None,
     eviction: str = "prefix-aware",
+    cache_rules: str = "ideal",
     values=None,
     warmup: str | float | None = None,
     workers: int = 2,
@@ -165,7 +166,8 @@ def sweep(
     """
     kwargs = {"model": model if isinstance(model, ModelSpec) else resolve_model(model),
               "gpu": gpu if isinstance(gpu, GpuSpec) else resolve_gpu(gpu), "response": response,
-              "eviction": eviction, "values": None if values is None else values_array(values, trace.n_accesses),
+              "eviction": eviction, "cache_rules": cache_rules,
+              "values": None if values is None else values_array(values, trace.n_accesses),
               "warmup": warmup}
     configs = list(configs)
     rows = []

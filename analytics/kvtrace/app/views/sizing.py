@@ -97,6 +97,11 @@ cfg_cols[0].file_uploader("Load a tiers.toml", type=["toml"], key="sz_upload", o
 msg = state.get("_sz_upload_msg")
 if msg:
     (st.error if msg[0] == "error" else st.info)(msg[1])
+if state.get("sz.search.cache_rules") not in ("ideal", "vllm", "sglang"):
+    state["sz.search.cache_rules"] = "ideal"
+st.radio("Cache rules", ["ideal", "vllm", "sglang"], key="sz.search.cache_rules", horizontal=True,
+         help="ideal: kvtrace's model; vllm / sglang: every replay applies the engine's reuse rules to the tiers "
+              "(a request's last block recomputed, only full blocks stored): [search] cache_rules.")
 state.setdefault("sz_edit", False)
 cfg_cols[1].toggle("Edit the configuration", key="sz_edit",
                    help="A form with every key of tiers.toml, one tab per section and tier.")
@@ -107,6 +112,8 @@ if state["sz_edit"]:
             cols = tab.columns(3)
             for i, (k, kind) in enumerate(keys.items()):
                 name = f"{sec}.{k}"
+                if name == "search.cache_rules":
+                    continue  # the Cache rules radio above the form sets it
                 side = FROM_SIDEBAR.get(name)
                 cols[i % 3].text_input(k, key=f"sz.{name}", disabled=side is not None,
                                        help=f"set with the sidebar's {side} selector" if side else

@@ -10,8 +10,8 @@ from kvtrace.app import cached, charts, choices, sidebar
 
 from kvtrace.analyses.response import ResponseModel
 from kvtrace.analyses.value import DEFAULT_HORIZON
-from kvtrace.analyses.whatif import (FLASH_ORDERS, PROMOTIONS, ROUTINGS, WRITE_MODES, TierConfig, config_grid,
-                                     summary_table)
+from kvtrace.analyses.whatif import (FLASH_ORDERS, PROMOTIONS, ROUTINGS, TIER_RULE_TEXT, WRITE_MODES, TierConfig,
+                                     config_grid, summary_table)
 from kvtrace.errors import KvtraceError
 from kvtrace.outputs import json_safe
 from kvtrace.results import chart_data
@@ -28,7 +28,8 @@ for k, v in {"wi_dram": choices.DEFAULT_TIERS["dram"], "wi_flash": choices.DEFAU
              "wi_promotion": "promote", "wi_write_mode": "write-on-evict", "wi_order": "lru", "wi_inclusive": False,
              "wi_nodes": 1, "wi_routing": "session", "wi_warmup": "", "wi_dram_gbps": _response.dram_gbps,
              "wi_dram_ms": _response.dram_latency_ms, "wi_flash_gbps": _response.flash_gbps,
-             "wi_flash_ms": _response.flash_latency_ms, "wi_overhead_ms": _response.overhead_ms}.items():
+             "wi_flash_ms": _response.flash_latency_ms, "wi_overhead_ms": _response.overhead_ms,
+             "wi_rules": "ideal"}.items():
     state.setdefault(k, v)
 
 st.title("Tier what-ifs")
@@ -49,6 +50,9 @@ with st.form("whatif_form"):
     c3.selectbox("Routing", ROUTINGS, key="wi_routing")
     c3.selectbox("Flash order", FLASH_ORDERS, key="wi_order")
     c3.checkbox("Inclusive tiers (needed by copy / write-through)", key="wi_inclusive")
+    c3.radio("Cache rules", list(TIER_RULE_TEXT), key="wi_rules", horizontal=True,
+             help="ideal: kvtrace's model; vllm / sglang: the engine's reuse rules on the tiers (a request's last "
+                  "block recomputed, only full blocks stored), as kvtrace whatif --cache-rules.")
     with st.expander("Response model and warm-up"):
         r1, r2, r3 = st.columns(3)
         r1.number_input("DRAM restore GB/s", min_value=0.1, key="wi_dram_gbps")
@@ -101,7 +105,8 @@ try:
     for i, c in enumerate(configs):
         bar.progress(i / len(configs), text=f"Simulating {c.label} ({i + 1} of {len(configs)})")
         rows.append(cached.whatif(ctx.key, cached.config_dict(c), ctx.model_name, ctx.gpu_name, ctx.eviction,
-                                  response, warmup, _trace=ctx.trace, _values=values))
+                                  response, warmup, _trace=ctx.trace, _values=values,
+                                  cache_rules=state["wi_rules"]))
 except KvtraceError as exc:
     bar.empty()
     st.error(exc.one_line())
@@ -110,6 +115,7 @@ bar.empty()
 table = summary_table(rows)
 
 st.subheader("Comparison")
+st.caption(f"Cache rules ({state['wi_rules']}): {TIER_RULE_TEXT[state['wi_rules']]}.")
 # `kvtrace whatif`'s columns (present.whatif_rows) with the latency percentiles next to the hit shares,
 # and the dollars saved; the configuration label names the tiers
 COLUMNS = ("config", "DRAM", "SSD/flash", "miss", "compute saved", "p50", "p99", "$ saved /h", "writes/day", "DWPD",
