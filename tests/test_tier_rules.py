@@ -246,6 +246,15 @@ def test_size_under_rules_replays_identically_with_its_command(tmp_path):
     assert any("cache_rules" in r for r in ideal.risks) and "--cache-rules" not in (ideal.whatif_command or "")
 
 
+def test_size_cli_option_overrides_the_config(tmp_path):
+    js = tmp_path / "s.json"
+    res = runner.invoke(app, ["size", str(CHAT), "--config", str(EXAMPLE), "--cache-rules", "sglang", "--json", str(js)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(js.read_text())
+    assert doc["info"]["cache_rules"] == "sglang"
+    assert "--cache-rules sglang" in doc["recommendation"]["whatif_command"]
+
+
 def test_size_config_rejects_unknown_rules(tmp_path):
     p = tmp_path / "t.toml"
     text = EXAMPLE.read_text()

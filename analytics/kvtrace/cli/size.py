@@ -11,7 +11,7 @@ from rich.table import Table
 from kvtrace.cli.console import console, err_console, progress, report_written, write_json
 from kvtrace.cli.errors import handles_errors
 from kvtrace.cli.inputs import check_paths, check_suffix, check_tables, load
-from kvtrace.cli.options import (BlockTokensOpt, Fmt, FormatOpt, ShareTenantsOpt, TraceArg, parse_path,
+from kvtrace.cli.options import (BlockTokensOpt, CacheRules, Fmt, FormatOpt, ShareTenantsOpt, TraceArg, parse_path,
                                  with_log_options)
 from kvtrace.results import present
 from kvtrace.units import format_bytes
@@ -30,6 +30,10 @@ def size(
     out: Optional[Path] = typer.Option(
         None, "--out", "-o", parser=parse_path, help="Write the candidates table (.parquet/.csv/.json)."),
     json_out: Optional[str] = typer.Option(None, "--json", help="Write the whole result as JSON ('-' = stdout only)."),
+    cache_rules: Optional[CacheRules] = typer.Option(
+        None, "--cache-rules", help="ideal, vllm or sglang: the engine's reuse rules in every replay (a request's "
+                                    "last block recomputed, only full blocks stored); default: the config's "
+                                    "[search] cache_rules, else ideal."),
     fmt: Fmt = FormatOpt,
     block_tokens: Optional[int] = BlockTokensOpt,
     share_tenants: bool = ShareTenantsOpt,
@@ -53,6 +57,10 @@ def size(
                           "sample_traces/tiers.example.toml", markup=False, soft_wrap=True)
     else:
         config = load_config(config_path)
+    if cache_rules is not None:
+        import dataclasses
+
+        config = dataclasses.replace(config, cache_rules=cache_rules.value)
     trace = load(trace_path, fmt, block_tokens, share_tenants, workload="size")
     with progress() as prog:
         task = prog.add_task("sizing", total=1000)
