@@ -35,16 +35,26 @@ Upstream read (repository ``sgl-project/sglang``; the index stores many versions
 
 Model
 -----
-- A request is ``{"blocks": [id, ...], "tokens": [t, ...], "arrival": s, "duration": s}``; block j holds
+- A request is ``{"blocks": [id, ...], "tokens": [t, ...], "arrival": s, "duration": s, "decode_pages": d}``
+  (``duration`` and ``decode_pages`` default to 0; ``arrival`` is read in flight only); block j holds
   ``tokens[j]`` tokens (``B = page_size`` for all but the last, 1..B for the last); ``input_len = sum(tokens)``
   is ``len(req.origin_input_ids)``. Ids are chained block hashes: an equal id at position j means the same
   tokens 0..(j+1)*B, so a page's tokens can be replaced by its id everywhere upstream compares pages
   (``_key_match_paged`` compares ``page_size``-token slices; ``get_child_key`` is the first page).
 - The pool has ``pool_pages`` pages (``max_total_num_tokens = pool_pages * B``), counted, not numbered.
-  Pages are either free, in the tree, or held by a running request (its newly allocated pages, until it
-  finishes). Invariant (checked after every operation): free + tree + held = pool_pages.
-- Not modelled: decode/output tokens (``max_new = 0``: the trace has prompts only; upstream also inserts
-  ``origin_input_ids + output_ids`` on finish), chunked prefill, batching several requests into one
+  Pages are either free, in the tree, or held by a running request (its newly allocated pages and its
+  decode pages, until it finishes). Invariant (checked after every operation): free + tree + held = pool_pages.
+- Decode pages (``decode_pages``, kvtrace's ``--cache-decode``: the pages the output fills beyond the prompt's
+  pages) follow kvtrace's vLLM convention: counted in the admission check as ``max_new = decode_pages * B``
+  tokens (``total_tokens = req.extend_input_len + max_new + self.page_size``), taken with the prompt's new pages
+  at admission (S5/S6: ``need`` includes them), held until the request finishes, then freed, never inserted.
+  Upstream differs in two ways the trace cannot express: decode pages are allocated step by step
+  (``common.py::alloc_for_decode``; the adder reserves for each running request
+  ``_get_running_request_total_token_offset`` = ``min(max_new_tokens - len(output_ids), CLIP_MAX_NEW_TOKENS) *
+  new_token_ratio`` tokens, ``rem_total_token_offset``), and ``cache_finished_req`` inserts ``(origin_input_ids +
+  output_ids)[:kv_committed_len]``, i.e. the output pages too, under keys made of output tokens the trace does
+  not give (no later trace request can be matched against them; caching them would only take room).
+- Not modelled: the output tokens' keys (above), chunked prefill, batching several requests into one
   ``alloc_paged_token_slots_extend`` call (here each admission allocates alone), the running batch's
   ``rem_total_token_offset``, retraction, hierarchical cache, LoRA/extra keys, EAGLE bigram keys,
   ``context_len`` (assumed larger than the pool).
@@ -85,6 +95,7 @@ S3 Match walk (``_match_prefix_helper``): ``t = tick()``; root gets t; while the
    ``hit_tokens`` = ``len(req.prefix_indices)`` = tokens of the hit pages (``hit_blocks * B`` upstream).
 S4 Admission (``PrefillAdder.add_one_req``): lock ``last_node`` (``_lock_node``: ``inc_lock_ref`` adds 1 to
    every node on the path to the root), then admitted iff ``extend + reserve < (free + evictable) * B``
+   (``extend + decode_pages * B + reserve`` with decode pages, see Model; they are also part of S5's ``need``)
    (strict: ``if total_tokens >= self.rem_total_tokens: return AddReqResult.NO_TOKEN``; so even a request
    needing no new page waits while nothing is free or evictable), with
    ``extend = input_len - hit_tokens``, ``reserve = B`` if ``reserve_page`` (``+ self.page_size``) else 0,
@@ -204,6 +215,7 @@ class Running:
     last_node: Node
     hit: int
     new_pages: int
+    decode: int  # decode pages held (freed at finish, never inserted)
     insert_key: list
     end: float
     seq: int
@@ -387,30 +399,33 @@ class Replayer:
         hit_tokens = sum(tokens[:hit])
         extend = input_len - hit_tokens
         new_pages = len(blocks) - hit
+        decode = int(req.get("decode_pages", 0))
         self.inc_lock_ref(last)
         room = self.free + self.evictable_pages()
         reserve = B if rules.reserve_page else 0
         result = Result(hit, hit_tokens)
-        if extend + reserve < room * B:
-            need = extend + (B if rules.reserve_page and B > 1 else 0)
+        if extend + decode * B + reserve < room * B:
+            need = extend + decode * B + (B if rules.reserve_page and B > 1 else 0)
         elif not idle:
             self.dec_lock_ref(last)
             return None
         elif rules.reject_oversize:
             self.dec_lock_ref(last)
             return Result(rejected=True, reason="never fits"), None
-        else:
+        else:  # truncated: the prompt's pages first, then what room is left for decode pages
+            wanted = (new_pages, decode)
             new_pages = min(new_pages, room)
-            need = new_pages * B
-            result.reason = "truncated" if new_pages < len(blocks) - hit else ""
+            decode = min(decode, room - new_pages)
+            need = (new_pages + decode) * B
+            result.reason = "truncated" if (new_pages, decode) != wanted else ""
         if self.free * B < need:
             self.evict(need if rules.evict_amount == "need" else need - self.free * B)
-        assert self.free >= new_pages, "upstream: Prefill out of memory"
-        self.free -= new_pages
-        self.held += new_pages
+        assert self.free >= new_pages + decode, "upstream: Prefill out of memory"
+        self.free -= new_pages + decode
+        self.held += new_pages + decode
         kept = hit + new_pages
         insert_key = blocks[: min(kept, self._keyable(tokens))]
-        run = Running(index, last, hit, new_pages, insert_key, now + float(req.get("duration", 0.0)), seq)
+        run = Running(index, last, hit, new_pages, decode, insert_key, now + float(req.get("duration", 0.0)), seq)
         self.check()
         return result, run
 
@@ -421,8 +436,8 @@ class Replayer:
         dup = prefix - run.hit
         tail = run.hit + run.new_pages - len(run.insert_key)
         assert dup >= 0 and tail >= 0 and dup + tail + len(run.insert_key) - prefix == run.new_pages
-        self.held -= run.new_pages
-        self.free += dup + tail
+        self.held -= run.new_pages + run.decode
+        self.free += dup + tail + run.decode
         self.dec_lock_ref(run.last_node)
         self.check()
 

@@ -11,15 +11,21 @@
   combinations of the rules, at many pool sizes;
 - the SGLang radix-cache kernel equals its twin (``tests/naive_sglang.py``) request by
   request under 32 of the 128 rule combinations, and with every rule off its curve is
-  the ideal one;
+  the ideal one; in flight (waits to 1e-9, decode pages) under 16 combinations per
+  seed, and with every duration 0 it is the sequential kernel; hand-computed cases pin
+  insertion at finish and decode pages held, never cached;
 - the curve does not depend on how the trace is cut into chunks;
-- the command: ``kvtrace curve --cache-rules vllm`` tables and its usage errors.
+- the command: ``kvtrace curve --cache-rules vllm|sglang [--in-flight]`` tables and its
+  usage errors.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -472,6 +478,347 @@ def test_curve_command_with_sglang_rules(tmp_path):
     v = engine_curve(load_trace(CHAT), "vllm").curve
     assert t["capacity_bytes"].to_list() == v["capacity_bytes"].to_list()
     assert t["prefix_token_hit_rate"].to_list() != v["prefix_token_hit_rate"].to_list()
-    line = one_line_error(runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "sglang", "--in-flight"],
-                                        env={"COLUMNS": "200"}), 2)
-    assert "in-flight" in line
+    assert "; rules off" not in res.output  # every rule on: nothing listed as off
+
+
+# --------------------------------------------------------------------------- SGLang in flight
+def sglang_inflight(requests, tokens, pool, arrival, duration, rules=S.ALL_RULES, decode=None):
+    block = np.array([b for r in requests for b in r], dtype=np.int64)
+    tok = np.array([t for r in tokens for t in r], dtype=np.int64)
+    starts = np.cumsum([0] + [len(r) for r in requests])
+    return S.replay_sglang_inflight(block, tok, starts, 1 + int(block.max(initial=0)), pool, B, arrival, duration,
+                                    decode, rules)
+
+
+def test_sglang_in_flight_pages_are_inserted_when_a_request_finishes():
+    """Pool of 4 pages of 4 tokens, every rule on (reserve page: admitted iff extend + 4 <
+    room x 4). r0 [a] at 0 for 10 s: the cap leaves no key; 4 + 4 < 16: admitted, holds
+    one page (free 3). r1 [b, c] at 1: 8 + 4 < 3 x 4 fails while r0 runs: it waits, and r2
+    behind it. At 10 r0 finishes and inserts a (tree 1, free 3); r1 re-tried: room 3 + 1
+    evictable: admitted, takes 2 pages (free 1) for 1 s. r2 [a, y] (4 + 1 tokens, key [a])
+    re-matches: a is in the tree now and locked: room 1 + 0: waits. At 11 r1 inserts b, c;
+    r2 hits a: 1 + 4 < (1 + 2) x 4: admitted. Waits 0, 9, 9; the head waited from 1 to 11
+    = 10 s of the span 0 -> 12. In a larger pool r1 and r2 (0 s) are admitted at once
+    while r0 runs and r2 misses: vLLM caches a at r0's admission, SGLang at its finish."""
+    reqs, toks = [[A], [Bk, C], [A, Y]], [[4], [4, 4], [4, 1]]
+    hit, rej, wait, blocked, span = sglang_inflight(reqs, toks, 4, [0.0, 1.0, 2.0], [10.0, 1.0, 1.0])
+    assert hit.tolist() == [0, 0, 1] and not rej.any()
+    assert wait.tolist() == [0.0, 9.0, 9.0] and (blocked, span) == (10.0, 12.0)
+    hit, _, wait, blocked, _ = sglang_inflight(reqs, toks, 8, [0.0, 1.0, 2.0], [10.0, 0.0, 0.0])
+    assert hit.tolist() == [0, 0, 0] and wait.tolist() == [0.0, 0.0, 0.0] and blocked == 0.0
+
+
+def test_sglang_in_flight_decode_pages_are_held_and_never_cached():
+    """Pool of 4, no reserve page. r0 [a] at 0 for 5 s with 2 decode pages: 4 + 2 x 4 <
+    16: it takes 3 pages (free 1). r1 [b] at 1: 4 < 1 x 4 fails: waits until r0 ends at 5
+    (a inserted, its 2 decode pages freed): wait 4. Without decode pages r1 is admitted at
+    once. r2 [a, y] at 9 hits a either way: the decode pages went back to the free pages,
+    not into the tree (nothing of a was evicted to make room)."""
+    rules = S.ALL_RULES & ~S.RESERVE_PAGE
+    args = ([[A], [Bk], [A, Y]], [[4], [4], [4, 1]], 4, [0.0, 1.0, 9.0], [5.0, 1.0, 1.0], rules)
+    hit, _, wait, blocked, _ = sglang_inflight(*args, decode=[2, 0, 0])
+    assert wait.tolist() == [0.0, 4.0, 0.0] and blocked == 4.0 and hit.tolist() == [0, 0, 1]
+    hit, _, wait, _, _ = sglang_inflight(*args, decode=[0, 0, 0])
+    assert wait.tolist() == [0.0, 0.0, 0.0] and hit.tolist() == [0, 0, 1]
+    # a request whose pages and decode pages can never fit: rejected when nothing else runs, after waiting
+    _, rej, wait, _, _ = sglang_inflight([[A], [Bk]], [[4], [4]], 4, [0.0, 1.0], [5.0, 1.0], rules, decode=[0, 3])
+    assert rej.tolist() == [False, True] and wait.tolist() == [0.0, 4.0]
+
+
+def with_decode(rng, reqs):
+    for r in reqs:
+        r["decode_pages"] = int(rng.choice([0, 0, 1, 3]))
+    return reqs
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_sglang_in_flight_kernel_equals_the_twin_per_request(seed):
+    """Random arrivals (ties included) and durations (zeros included), decode pages,
+    small pools so requests wait, page sizes 1, 4, 8, 16 of the 128 rule combinations
+    (always all on and all off): hit pages, rejections and waits request by request."""
+    rng = np.random.default_rng(300 + seed)
+    page = int(rng.choice([1, 4, 8]))
+    reqs = with_decode(rng, random_requests(rng, int(rng.integers(1, 30)), page))
+    block, tok, starts, n_ids = kernel_columns(reqs)
+    arrival, duration = [r["arrival"] for r in reqs], [r["duration"] for r in reqs]
+    decode = [r["decode_pages"] for r in reqs]
+    pools = sorted({0, 1, 2, 3, 5, 8, int(rng.integers(0, n_ids + 3)), n_ids + 2})
+    combos = list(itertools.product([True, False], repeat=7))
+    picked = [combos[0], combos[-1]] + [combos[int(i)] for i in rng.choice(len(combos), 14, replace=False)]
+    waited = 0
+    for combo in picked:
+        rules, bits = sglang_rules(combo)
+        for P in pools:
+            for dec in (None, decode):
+                got = S.replay_sglang_inflight(block, tok, starts, n_ids, P, page, arrival, duration, dec, bits)
+                want = naive_sglang.replay(reqs if dec else [{**r, "decode_pages": 0} for r in reqs], P, page, rules,
+                                           in_flight=True)
+                assert got[0].tolist() == [w.hit_blocks for w in want], (P, rules, dec)
+                assert got[1].tolist() == [w.rejected for w in want], (P, rules, dec)
+                np.testing.assert_allclose(got[2], [w.wait_s for w in want], rtol=0, atol=1e-9)
+                waited += int((got[2] > 0).sum())
+    assert waited or len(reqs) < 3  # the cases make requests wait
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(trace=chained_traces(max_requests=14, max_new=5), pool=st.integers(0, 20),
+       rules=st.sampled_from([0, S.ALL_RULES, S.LAST_TOKEN_CAP | S.REJECT_OVERSIZE | S.WHOLE_LEAF,
+                              S.FULL_PAGES_ONLY | S.EVICT_NEED | S.RESERVE_PAGE | S.SPLIT_REFRESH]), data=st.data())
+def test_sglang_in_flight_with_zero_durations_is_the_sequential_replay(trace, pool, rules, data):
+    n = len(trace.req_start) - 1
+    toks = np.full(len(trace.block), B)
+    if len(toks) and data.draw(st.booleans()):
+        toks[trace.req_start[1:][np.diff(trace.req_start) > 0] - 1] = data.draw(st.integers(1, B))  # partial tails
+    arr = np.sort(np.array(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)), dtype=float))
+    seq, srej = S.replay_sglang(trace.block, toks, trace.req_start, len(trace.size), [pool], B, rules)
+    hit, rej, wait, blocked, _ = S.replay_sglang_inflight(trace.block, toks, trace.req_start, len(trace.size), pool,
+                                                          B, arr, np.zeros(n), None, rules)
+    assert hit.tolist() == seq[0].tolist() and rej.tolist() == srej[0].tolist()
+    assert not wait.any() and blocked == 0.0
+
+
+def test_sglang_engine_curve_in_flight_is_the_kernel():
+    """engine_curve(..., 'sglang', in_flight=True) end to end: its rates, rejections,
+    waits and pool-full share are the kernel's at each pool; with zero service times it is
+    the sequential curve."""
+    from kvtrace.analyses.engine import service_times
+
+    trace = load_trace(CHAT)
+    B_ = trace.meta.block_tokens
+    bpt = 327_680
+    pools = [2, 8, 40, 200, 1000]
+    expr = "input/2000 + output/100"
+    res = engine_curve(trace, "sglang", capacities=[p * B_ * bpt for p in pools], in_flight=True, service_time=expr,
+                       cache_decode=True)
+    req = trace.requests
+    inp, out = req["input_tokens"].to_numpy(), req["output_tokens"].fill_null(0).to_numpy()
+    ch = next(iter(trace.chunks(size=trace.n_accesses)))
+    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    decode = np.maximum(0, -(-(inp + out) // B_) - np.diff(starts))
+    assert decode.any()
+    for i, P in enumerate(pools):
+        hit, rej, wait, blocked, span = S.replay_sglang_inflight(block, tok, starts, trace.n_blocks, P, B_,
+                                                                 trace.request_timestamp,
+                                                                 service_times(expr, inp, out), decode)
+        got = sum(int(tok[starts[r]:starts[r] + hit[r]].sum()) for r in range(len(hit)))
+        row = res.curve.row(i, named=True)
+        assert row["prefix_token_hit_rate"] == pytest.approx(got / tok.sum(), rel=1e-12)
+        assert row["rejected_request_share"] == pytest.approx(rej.mean(), rel=1e-12)
+        if rej.all():  # a pool too small for every prompt: no measured wait
+            assert row["wait_mean_s"] is None
+        else:
+            assert row["wait_mean_s"] == pytest.approx(wait[~rej].mean(), rel=1e-12)
+        assert row["pool_full_share"] == pytest.approx(blocked / span, rel=1e-12)
+    assert res.curve["wait_mean_s"][1] > 0 and res.curve["rejected_request_share"][0] == 1.0
+    assert "path's lock" in res.info["in_flight"]["admission"]
+    caps = [p * B_ * bpt for p in pools]
+    zero = engine_curve(trace, "sglang", capacities=caps, in_flight=True, service_time="0")
+    seq = engine_curve(trace, "sglang", capacities=caps)
+    for col in (*RATE_COLUMNS, "rejected_request_share"):
+        assert zero.curve[col].to_list() == seq.curve[col].to_list(), col
+    assert zero.curve["wait_mean_s"].to_list() == [0.0] * len(pools)
+
+
+def test_curve_command_with_sglang_rules_in_flight(tmp_path):
+    out = tmp_path / "c.parquet"
+    res = runner.invoke(app, ["curve", str(CHAT), "--cache-rules", "sglang", "--in-flight", "--capacity",
+                              "4GiB,64GiB", "--service-time", "input/2000", "--cache-decode", "--out", str(out)],
+                        env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    t = pl.read_parquet(out)
+    assert {"wait_mean_s", "wait_p99_s", "pool_full_share"} <= set(t.columns)
+    assert t["wait_mean_s"][0] >= t["wait_mean_s"][1] >= 0
+    assert "requests in flight (input/2000 s each, output" in res.output and "blocks held)" in res.output
+    assert "sglang cache rules" in res.output and "mean wait" in res.output and "pool full" in res.output
+
+
+@pytest.mark.slow
+def test_sglang_in_flight_kernel_equals_the_twin_on_the_mooncake_trace():
+    """The first 4,000 requests of the real trace in flight (default service times), at
+    three pool sizes, with and without decode pages."""
+    if not MOONCAKE.is_file():
+        pytest.skip(f"shared trace not present: {MOONCAKE}")
+    trace = load_trace(MOONCAKE)
+    ch = next(iter(trace.chunks(size=trace.n_accesses)))
+    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    B_ = trace.meta.block_tokens
+    inp, out = trace.requests["input_tokens"].to_numpy(), trace.requests["output_tokens"].fill_null(0).to_numpy()
+    duration = inp / 5000 + out / 50
+    decode = np.maximum(0, -(-(inp + out) // B_) - np.diff(starts))
+    n = 4000
+    block, tok, starts = block[:starts[n]], tok[:starts[n]], starts[:n + 1]
+    arrival, duration, decode = trace.request_timestamp[:n], duration[:n], decode[:n]
+    for dec in (None, decode):
+        reqs = [{"blocks": block[starts[r]:starts[r + 1]].tolist(), "tokens": tok[starts[r]:starts[r + 1]].tolist(),
+                 "arrival": float(arrival[r]), "duration": float(duration[r]),
+                 "decode_pages": 0 if dec is None else int(dec[r])} for r in range(n)]
+        for P in (256, 1024, 4096):
+            want = naive_sglang.replay(reqs, P, B_, in_flight=True)
+            hit, rej, wait, _, _ = S.replay_sglang_inflight(block, tok, starts, trace.n_blocks, P, B_, arrival,
+                                                            duration, dec)
+            assert hit.tolist() == [w.hit_blocks for w in want], P
+            assert rej.tolist() == [w.rejected for w in want], P
+            np.testing.assert_allclose(wait, [w.wait_s for w in want], rtol=0, atol=1e-9)
+
+
+@pytest.mark.nojit
+def test_sglang_kernels_without_jit():
+    """Both SGLang kernels run as Python (NUMBA_DISABLE_JIT=1, so coverage sees their
+    bodies) give the JIT's answers on a case with waits, decode pages and evictions."""
+    code = ("import json, numpy as np\n"
+            "from kvtrace.kernels import engine_sglang as S\n"
+            "rng = np.random.default_rng(7)\n"
+            "n = 40\n"
+            "lens = rng.integers(0, 6, n)\n"
+            "starts = np.concatenate([[0], np.cumsum(lens)])\n"
+            "base = rng.integers(0, 8, n)\n"
+            "block = np.concatenate([base[i] * 10 + np.arange(lens[i]) for i in range(n)]).astype(np.int64)\n"
+            "tok = np.full(block.shape[0], 4)\n"
+            "arr = np.sort(rng.choice([0.0, 1.0, 2.5], n).cumsum())\n"
+            "dur = rng.choice([0.0, 1.0, 6.0], n)\n"
+            "out = {}\n"
+            "for rules in (0, S.ALL_RULES):\n"
+            "    h, r, w, b, s = S.replay_sglang_inflight(block, tok, starts, 80, 7, 4, arr, dur,\n"
+            "                                             rng.integers(0, 3, n), rules)\n"
+            "    out[rules] = [h.tolist(), r.tolist(), w.tolist(), b, s,\n"
+            "                  S.replay_sglang(block, tok, starts, 80, [3, 7], 4, rules)[0].tolist()]\n"
+            "print(json.dumps(out))\n")
+    runs = []
+    for disable in ("1", "0"):
+        env = {**os.environ, "NUMBA_DISABLE_JIT": disable, "KVTRACE_NUMBA_CACHE": "0"}
+        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                             cwd=ROOT, check=False)
+        assert res.returncode == 0, res.stderr[-2000:]
+        runs.append(json.loads(res.stdout))
+    assert runs[0] == runs[1]
+    waits = runs[1][str(S.ALL_RULES)][2]
+    assert any(w > 0 for w in waits)  # the case makes requests wait
+
+
+# --------------------------------------------------------------------------- the trace's own end times
+def end_time_records(ends_ms=(11000, 3000, 4000)):
+    """test_sglang_in_flight_pages_are_inserted_when_a_request_finishes as a Mooncake trace
+    (milliseconds) whose end times give the durations 10, 1 and 1 s: a = 0, b = 1, c = 2,
+    y = 3, pages of 4 tokens."""
+    recs = [{"timestamp": 1000, "input_length": 4, "output_length": 3, "hash_ids": [0]},
+            {"timestamp": 2000, "input_length": 8, "output_length": 3, "hash_ids": [1, 2]},
+            {"timestamp": 3000, "input_length": 5, "output_length": 3, "hash_ids": [0, 3]}]
+    for r, e in zip(recs, ends_ms):
+        if e is not None:
+            r["end_timestamp"] = e
+    return recs
+
+
+def write_jsonl(path, recs):
+    path.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return path
+
+
+def check_hand_case(trace):
+    """Durations end - start = 10, 1, 1 s: waits 0, 9, 9 s, the head blocked 10 s of the
+    span 0 -> 12 (the hand-computed case), through the engine curve at a pool of 4 pages."""
+    from kvtrace.analyses.engine import trace_service_times
+
+    np.testing.assert_array_equal(trace_service_times(trace.requests), [10.0, 1.0, 1.0])
+    res = engine_curve(trace, "sglang", capacities=[4 * 4 * 327_680], in_flight=True, service_time="trace")
+    row = res.curve.row(0, named=True)
+    assert (row["wait_mean_s"], row["wait_p99_s"]) == (6.0, 9.0)
+    assert row["pool_full_share"] == pytest.approx(10 / 12, rel=1e-15)
+    assert res.info["in_flight"]["service_time"] == "trace"
+
+
+def test_in_flight_durations_from_the_traces_end_times(tmp_path):
+    """Mooncake JSONL (ms), the canonical Parquet it is written to, and a generic
+    Parquet table (seconds, and an end_timestamp_ms column) give the same durations."""
+    from kvtrace.ingest import write_canonical
+
+    trace = load_trace(write_jsonl(tmp_path / "t.jsonl", end_time_records()), block_tokens=4)
+    assert trace.requests["end_timestamp"].to_list() == [10.0, 2.0, 3.0]  # shifted with the arrivals (1 s -> 0)
+    check_hand_case(trace)
+    write_canonical(trace, None, tmp_path / "canon.parquet")
+    check_hand_case(load_trace(tmp_path / "canon.parquet"))
+    table = pl.DataFrame({"timestamp": [5.0, 6.0, 7.0], "end_timestamp": [15.0, 7.0, 8.0],
+                          "input_tokens": [4, 8, 5], "block_ids": [[0], [1, 2], [0, 3]]})
+    table.write_parquet(tmp_path / "generic.parquet")
+    check_hand_case(load_trace(tmp_path / "generic.parquet", block_tokens=4))
+    table.drop("end_timestamp").with_columns(end_timestamp_ms=pl.Series([15000, 7000, 8000])).write_parquet(
+        tmp_path / "ms.parquet")
+    check_hand_case(load_trace(tmp_path / "ms.parquet", block_tokens=4))
+    # a trace without end times keeps no such column
+    assert "end_timestamp" not in load_trace(CHAT).requests.columns
+
+
+def test_curve_command_with_the_traces_end_times(tmp_path):
+    """The command, in memory and streamed (a generic Parquet table), and its one-line
+    errors: no end times, a request without one, an end before its start."""
+    path = write_jsonl(tmp_path / "t.jsonl", end_time_records())
+    args = ["--cache-rules", "sglang", "--in-flight", "--service-time", "trace", "--capacity", f"{4 * 4 * 327_680}B",
+            "--block-tokens", "4"]
+    res = runner.invoke(app, ["curve", str(path), *args, "--json", "-"])
+    assert res.exit_code == 0, res.output
+    row = json.loads(res.stdout)["rows"][0]
+    assert (row["wait_mean_s"], row["wait_p99_s"]) == (6.0, 9.0)
+    res = runner.invoke(app, ["curve", str(path), *args], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "requests in flight (end_timestamp - timestamp each)" in " ".join(res.output.split())
+    pl.DataFrame({"timestamp": [5.0, 6.0, 7.0], "end_timestamp": [15.0, 7.0, 8.0], "input_tokens": [4, 8, 5],
+                  "block_ids": [[0], [1, 2], [0, 3]]}).write_parquet(tmp_path / "g.parquet")
+    for stream in ("--stream", "--no-stream"):
+        res = runner.invoke(app, ["curve", str(tmp_path / "g.parquet"), *args, stream, "--json", "-"])
+        assert res.exit_code == 0, res.output
+        assert json.loads(res.stdout[res.stdout.index("{"):])["rows"][0]["wait_mean_s"] == 6.0, stream
+    for recs, needle in ((end_time_records((None, None, None)), "this trace has none"),
+                         (end_time_records((11000, None, 4000)), "1 of 3 requests have no end_timestamp"),
+                         (end_time_records((11000, 1500, 4000)), "end_timestamp precedes timestamp for 1 of 3")):
+        bad = write_jsonl(tmp_path / "bad.jsonl", recs)
+        line = one_line_error(runner.invoke(app, ["curve", str(bad), *args], env={"COLUMNS": "250"}), 2)
+        assert needle in line and "service-time" in line, line
+
+
+def test_an_end_time_that_is_not_a_number_is_refused(tmp_path):
+    from kvtrace.errors import KvtraceError
+
+    recs = end_time_records()
+    recs[1]["end_timestamp"] = "soon"
+    with pytest.raises(KvtraceError) as err:
+        load_trace(write_jsonl(tmp_path / "t.jsonl", recs), block_tokens=4)
+    assert err.value.field == "end_timestamp" and err.value.line == 2
+    pl.DataFrame({"timestamp": [5.0, 6.0], "end_timestamp": [float("nan"), None], "input_tokens": [4, 4],
+                  "block_ids": [[0], [1]]}).write_parquet(tmp_path / "nan.parquet")
+    with pytest.raises(KvtraceError) as err:
+        load_trace(tmp_path / "nan.parquet", block_tokens=4)
+    assert err.value.field == "end_timestamp"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_engine_rate_is_hits_over_the_admitted_requests_prompts(seed):
+    """``engine_prefix_token_hit_rate``: what vLLM's own counter reports, computed here
+    from the twin's per-request results: hit tokens over the prompt tokens of the
+    requests it did not reject (and the headline rate over every prompt token)."""
+    rng = np.random.default_rng(100 + seed)
+    rows, chains, fresh = [], [], iter(range(1, 10**6))
+    for i in range(40):
+        base = chains[int(rng.integers(0, len(chains)))] if chains and rng.random() < 0.7 else []
+        hashes = base[: int(rng.integers(0, len(base) + 1))] + [next(fresh) for _ in range(int(rng.integers(1, 9)))]
+        chains.append(hashes)
+        tokens = B * len(hashes) - int(rng.integers(0, B))  # a partial last block, sometimes
+        rows.append({"request_id": i, "timestamp": float(i), "input_tokens": tokens, "output_tokens": 1,
+                     "block_ids": hashes})
+    df = pl.DataFrame(rows, schema={"request_id": pl.Int64, "timestamp": pl.Float64, "input_tokens": pl.Int64,
+                                    "output_tokens": pl.Int64, "block_ids": pl.List(pl.UInt64)})
+    trace = requests_to_trace(df, TraceMeta(block_tokens=B, source_format="canonical"))
+    a = trace.accesses
+    reqs = [{"blocks": a.block[a.req_start[r]:a.req_start[r + 1]].tolist(),
+             "tokens": a.tokens[a.req_start[r]:a.req_start[r + 1]].tolist()} for r in range(trace.n_requests)]
+    pools = [3, 6, 12, 40]
+    seen_rejection = False
+    res = engine_curve(trace, "vllm", capacities=[p * B * 327_680 for p in pools])
+    for P, row in zip(pools, res.curve.iter_rows(named=True)):
+        want = naive_vllm.replay(reqs, P, B, naive_vllm.Rules())
+        hit = sum(w.hit_tokens for w in want)
+        total = sum(sum(r["tokens"]) for r in reqs)
+        admitted = sum(sum(r["tokens"]) for r, w in zip(reqs, want) if not w.rejected)
+        assert any(w.rejected for w in want) == (admitted < total)
+        seen_rejection |= admitted < total
+        assert row["prefix_token_hit_rate"] == pytest.approx(hit / total, rel=1e-12)
+        assert row["engine_prefix_token_hit_rate"] == pytest.approx(hit / admitted, rel=1e-12)
+    assert seen_rejection  # the small pools reject prompts of up to 8 blocks

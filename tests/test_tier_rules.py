@@ -248,7 +248,8 @@ def test_size_under_rules_replays_identically_with_its_command(tmp_path):
 
 def test_size_cli_option_overrides_the_config(tmp_path):
     js = tmp_path / "s.json"
-    res = runner.invoke(app, ["size", str(CHAT), "--config", str(EXAMPLE), "--cache-rules", "sglang", "--json", str(js)])
+    res = runner.invoke(app, ["size", str(CHAT), "--config", str(EXAMPLE), "--cache-rules", "sglang",
+                              "--json", str(js)])
     assert res.exit_code == 0, res.output
     doc = json.loads(js.read_text())
     assert doc["info"]["cache_rules"] == "sglang"

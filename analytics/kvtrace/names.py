@@ -74,6 +74,7 @@ LABELS = {
     "gpu_seconds_saved_per_hour": "GPU-s saved /h",
     "usd_saved_per_hour": "$ saved /h",
     "read_mean_bytes_per_s": "read mean",
+    "engine_prefix_token_hit_rate": "engine's own rate",
     "dram_prefix_token_hit_rate": "DRAM",
     "ssd_prefix_token_hit_rate": "SSD/flash",
     "prefix_token_miss_rate": "miss",
@@ -427,6 +428,9 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
         "prefix_token_hit_rate_se": ("share", "estimated standard error of prefix_token_hit_rate (--sample-rate)"),
         "rejected_request_share": ("share", "share of measured requests the engine rejects as larger than its pool "
                                             "(--cache-rules vllm, sglang)"),
+        "engine_prefix_token_hit_rate": ("share", "the engine's own prefix-cache hit rate: prefix tokens hit over the "
+                                                  "prompt tokens of the requests it admitted (vLLM's num_cached_tokens"
+                                                  " sum; --cache-rules vllm, sglang)"),
         "wait_mean_s": ("s", "mean time a measured request waited for blocks before admission (--in-flight)"),
         "wait_p99_s": ("s", "p99 of that wait (--in-flight)"),
         "pool_full_share": ("share", "share of the replayed span during which a request waited for blocks "

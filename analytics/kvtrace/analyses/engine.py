@@ -16,8 +16,10 @@ histogram), with these differences, stated in ``info``:
   the usable-prefix ones;
 - ``prefix_token_hit_rate`` is what the engine's own metric reports (vLLM: the sum of
   ``num_cached_tokens`` over the prompt tokens; a rejected request counts its tokens as
-  missed); ``rejected_request_share`` is the share of measured requests the engine
-  rejects as larger than its pool;
+  missed); ``engine_prefix_token_hit_rate`` the same over the prompt tokens of the
+  requests the engine admitted (what its own counter reports: a rejected request never
+  reaches the prefix cache); ``rejected_request_share`` is the share of measured
+  requests the engine rejects as larger than its pool;
 - the ceiling is the rules' own at an unbounded pool (no eviction, no rejection: a
   block hits once an earlier request cached it, within the rules' cap), reached at the
   capacity of every distinct block or above; knees are the smallest *evaluated*
@@ -64,6 +66,16 @@ RULE_TEXT = {
 }
 
 
+#: How requests in flight are admitted and cached, per engine (``info["in_flight"]["admission"]``).
+ADMISSION_TEXT = {
+    "vllm": "first come, first served; a request holds its blocks from admission for its service time; hits "
+            "decided and prompt blocks cached at admission",
+    "sglang": "first come, first served; the queue's head re-matches at every try; a request holds its new pages "
+              "and its path's lock from admission for its service time; hits decided at admission, prompt pages "
+              "inserted into the tree when it finishes",
+}
+
+
 @dataclass(frozen=True)
 class EngineRules:
     """The rules of one engine (``name``) and which of them apply (``bits``: the
@@ -82,10 +94,8 @@ class EngineRules:
 
     @property
     def text(self) -> str:
-        if self.bits == V.ALL_RULES:
-            return RULE_TEXT[self.name]
-        return f"{RULE_TEXT[self.name]}; rules off: " + ", ".join(
-            name for bit, name in self.rule_names.items() if not self.bits & bit)
+        off = [name for bit, name in self.rule_names.items() if not self.bits & bit]
+        return RULE_TEXT[self.name] + ("; rules off: " + ", ".join(off) if off else "")
 
     @property
     def rule_names(self) -> dict:
@@ -94,7 +104,37 @@ class EngineRules:
 
 #: ``--service-time`` default: a request's time in flight, seconds, from its token counts.
 DEFAULT_SERVICE_TIME = "input/5000 + output/50"
+#: ``--service-time trace``: each request's own ``end_timestamp - timestamp`` (the trace's end times).
+TRACE_SERVICE_TIME = "trace"
 _ALLOWED = {"input", "output"}
+
+
+def trace_service_times(requests: pl.DataFrame) -> np.ndarray:
+    """float64[R]: each request's ``end_timestamp - timestamp``, seconds (the optional
+    request column :data:`kvtrace.trace.OPTIONAL_REQUEST_SCHEMA`); a one-line usage error
+    naming the field when the trace has no end times, a request has none, or one ends
+    before it starts."""
+    n = requests.height
+    ends = requests["end_timestamp"] if "end_timestamp" in requests.columns else None
+    if n and (ends is None or ends.null_count() == n):
+        raise UsageError("--service-time trace reads each request's end_timestamp (when it finished, in the unit "
+                         "of its timestamp): this trace has none", field="service-time")
+    if not n:
+        return np.zeros(0, dtype=np.float64)
+    missing = ends.is_null().to_numpy()
+    d = ends.to_numpy().astype(np.float64) - requests["timestamp"].to_numpy().astype(np.float64)
+    def first(bad) -> str:  # a streamed trace may not keep request ids: then the row in trace order
+        row = int(np.argmax(bad))
+        return (f"request_id {requests['request_id'][row]}" if "request_id" in requests.columns
+                else f"request {row} in trace order")
+
+    if missing.any():
+        raise UsageError(f"{int(missing.sum()):,} of {n:,} requests have no end_timestamp (first: {first(missing)}): "
+                         "--service-time trace needs one for every request", field="service-time")
+    if (d < 0).any():
+        raise UsageError(f"end_timestamp precedes timestamp for {int((d < 0).sum()):,} of {n:,} requests (first: "
+                         f"{first(d < 0)})", field="service-time")
+    return d
 
 
 def service_times(expr: str, input_tokens, output_tokens) -> np.ndarray:
@@ -165,6 +205,7 @@ def _accumulate(hit_blocks, rejected, tokens, pos, block, size, lrs, r0, first_r
             continue
         if rejected[i]:
             n_rejected[0] += 1
+            n_rejected[1] += total
         g = req_group[r] if grouped else 0
         for t in range(lo, hi):
             b = 0 if t - lo < h else 2
@@ -213,7 +254,7 @@ class _Pool:
         self.hist = np.zeros((2, n_groups, 3, 4), dtype=np.float64)
         self.req_hit = np.zeros(R, dtype=np.bool_)
         self.half_hit = np.zeros(R, dtype=np.bool_)
-        self.rejected = np.zeros(1, dtype=np.int64)
+        self.rejected = np.zeros(2, dtype=np.int64)  # measured requests rejected, their prompt tokens
 
     def open(self, vllm_state: bool) -> None:
         """Allocate the replay state (the unbounded ceiling's cached flags; with
@@ -257,8 +298,11 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
 
     With ``in_flight`` each request holds its blocks from admission for its service
     time (``service_time``, an expression of its ``input`` and ``output`` tokens,
-    seconds; with ``cache_decode`` also the blocks its output fills), first come first
-    served (:func:`kvtrace.kernels.engine_vllm.replay_vllm_inflight`); the table adds
+    seconds, or ``trace``: its own ``end_timestamp - timestamp``,
+    :func:`trace_service_times`; with ``cache_decode`` also the blocks its output
+    fills), first come first
+    served (:func:`kvtrace.kernels.engine_vllm.replay_vllm_inflight`,
+    :func:`kvtrace.kernels.engine_sglang.replay_sglang_inflight`); the table adds
     ``wait_mean_s``, ``wait_p99_s`` and ``pool_full_share``.
     """
     rules = cache_rules if isinstance(cache_rules, EngineRules) else EngineRules.of(cache_rules)
@@ -288,16 +332,13 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
         cur.append(pool)
         used += need
     groups.append(cur)
-    if rules.name == "sglang":
-        if in_flight:
-            raise UsageError("--in-flight is available with --cache-rules vllm (sglang: sequential replays)",
-                             field="in-flight")
-        _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress)
-        return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
     if in_flight:
         _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress)
         return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt,
                        in_flight=(service_time, cache_decode))
+    if rules.name == "sglang":
+        _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress)
+        return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
     done, total = 0, len(groups) * trace.n_accesses
     with ThreadPoolExecutor(threads) as ex:
         for group in groups:  # a group's state exists only while its pass runs
@@ -373,7 +414,10 @@ def _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progres
 def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress):
     req = trace.requests
     inp, out = req["input_tokens"].to_numpy(), req["output_tokens"].fill_null(0).to_numpy()
-    duration = service_times(service_time, inp, out)
+    if service_time.strip() == TRACE_SERVICE_TIME:
+        duration = trace_service_times(req)
+    else:
+        duration = service_times(service_time, inp, out)
     whole = _Whole(trace)
     n_blocks = np.diff(whole.lrs)
     decode = np.maximum(0, -(-(inp + out) // B) - n_blocks) if cache_decode else np.zeros_like(n_blocks)
@@ -384,9 +428,9 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
             hit = _unbounded_hits(whole, B, rules, pool)
             rej, wait, blocked, span = np.zeros(trace.n_requests, np.bool_), np.zeros(trace.n_requests), 0.0, 0.0
         else:
-            hit, rej, wait, blocked, span = V.replay_vllm_inflight(whole.block, whole.tokens, whole.lrs,
-                                                                   trace.n_blocks, pool.pages, B, arrival, duration,
-                                                                   decode, rules.bits)
+            replay = S.replay_sglang_inflight if rules.name == "sglang" else V.replay_vllm_inflight
+            hit, rej, wait, blocked, span = replay(whole.block, whole.tokens, whole.lrs, trace.n_blocks, pool.pages, B,
+                                                   arrival, duration, decode, rules.bits)
         _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
                     B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
         measured = wait[plan.first_req:][~rej[plan.first_req:]]
@@ -431,6 +475,12 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         if gi == (n_groups if by is not None else 0):
             out["rejected_request_share"] = np.array([p.rejected[0] / measured if measured else np.nan
                                                       for p in pools[:-1]])
+            # the engine's own metric: its prompt tokens are those of the requests it admitted
+            prompt = float(pools[-1].hist[0, :, :, 1].sum())
+            admitted = np.array([prompt - p.rejected[1] for p in pools[:-1]])
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out["engine_prefix_token_hit_rate"] = np.where(admitted > 0, out["prefix_token_hit_rate"] * prompt
+                                                               / np.maximum(admitted, 1.0), np.nan)
             if in_flight is not None:
                 for i, name in enumerate(("wait_mean_s", "wait_p99_s", "pool_full_share")):
                     out[name] = np.array([np.nan if p.wait[i] is None else p.wait[i] for p in pools[:-1]])
@@ -479,9 +529,7 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         "knees": "the smallest evaluated capacity reaching each fraction (grid resolution)",
         "ceiling": "the rules at an unbounded pool; its capacity is that of every distinct block",
         "in_flight": None if in_flight is None else {
-            "service_time": in_flight[0], "cache_decode": in_flight[1],
-            "admission": "first come, first served; a request holds its blocks from admission for its service "
-                         "time; hits decided and prompt blocks cached at admission"},
+            "service_time": in_flight[0], "cache_decode": in_flight[1], "admission": ADMISSION_TEXT[rules.name]},
     }
     by_group = None
     if by is not None:

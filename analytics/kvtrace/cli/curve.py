@@ -61,11 +61,13 @@ def curve(
                                                 "replay per capacity on a thinned grid (what the engine would "
                                                 "report)."),
     in_flight: bool = typer.Option(
-        False, "--in-flight", help="With --cache-rules vllm: requests hold their blocks while in flight "
-                                   "(--service-time), first come first served; adds waiting and pool-full figures."),
+        False, "--in-flight", help="With --cache-rules vllm or sglang: requests hold their blocks while in "
+                                   "flight (--service-time), first come first served; adds waiting and pool-full "
+                                   "figures."),
     service_time: str = typer.Option(
         "input/5000 + output/50", "--service-time", help="Seconds a request is in flight, from its input and "
-                                                         "output tokens (numbers, + - * /, min, max)."),
+                                                         "output tokens (numbers, + - * /, min, max), or 'trace': "
+                                                         "its end_timestamp - timestamp."),
     cache_decode: bool = typer.Option(
         False, "--cache-decode", help="In flight, a request also holds the blocks its output tokens fill."),
     capacity: Optional[str] = typer.Option(
@@ -131,7 +133,7 @@ def curve(
     if cache_rules == CacheRules.ideal:
         for flag, given in (("in-flight", in_flight), ("cache-decode", cache_decode)):
             if given:
-                raise UsageError(f"--{flag} needs an engine's rules (--cache-rules vllm)", field=flag)
+                raise UsageError(f"--{flag} needs an engine's rules (--cache-rules vllm or sglang)", field=flag)
     if cache_rules != CacheRules.ideal:
         for flag, value, given in (("eviction", eviction, eviction != Eviction.prefix_aware),
                                    ("sample-rate", sample_rate, sample_rate is not None),
@@ -154,7 +156,8 @@ def curve(
                                 model=m, gpu=g, eviction=eviction.value, capacities=caps, points=points or 200,
                                 warmup=warmup)
     else:
-        trace = _open_curve_trace(trace_path, fmt, block_tokens, share_tenants, stream, by, distances_out)
+        trace = _open_curve_trace(trace_path, fmt, block_tokens, share_tenants, stream, by, distances_out,
+                                  in_flight and cache_rules != CacheRules.ideal, service_time.strip() == "trace")
         with trace:  # a streamed trace's close removes its spill files
             t0 = time.perf_counter()
             display_caps = None
@@ -217,8 +220,9 @@ def _dask_only(engine: "Engine", **given) -> None:
 
 
 def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], share_tenants: bool,
-                      stream: Optional[bool], by, distances_out):
-    """The trace in memory, or scanned in chunks (kvtrace.ingest.stream) when it should stream."""
+                      stream: Optional[bool], by, distances_out, in_flight: bool = False, end_times: bool = False):
+    """The trace in memory, or scanned in chunks (kvtrace.ingest.stream) when it should
+    stream (requests in flight keep the request columns their service times read)."""
     from kvtrace.ingest.stream import should_stream
 
     if not should_stream(trace_path, fmt.value, stream):
@@ -229,6 +233,8 @@ def _open_curve_trace(trace_path: Path, fmt: Fmt, block_tokens: Optional[int], s
                          field="distances-out")
     keep = {"type": ("type",), "tenant": ("tenant",), "turn": ("turn",),
             "session-length": ("session_id",)}.get(by.value if by else "", ())
+    if in_flight:
+        keep = (*keep, "input_tokens", "output_tokens", *(("end_timestamp",) if end_times else ()))
     return scan_streamed(trace_path, fmt, block_tokens, share_tenants, keep)
 
 
@@ -268,7 +274,9 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
                   f"max {100 * part['max_error_bound']:.2f} "
                   f"pts, mean {100 * part['mean_error_bound']:.2f} pts; half-prefix requests: exact runs only")
     t = Table(title=title)
-    cols = ("request_hit_rate", "request_half_prefix_hit_rate", "prefix_token_hit_rate", "token_hit_rate",
+    engine_rate = "engine_prefix_token_hit_rate" in display.columns
+    cols = ("request_hit_rate", "request_half_prefix_hit_rate", "prefix_token_hit_rate",
+            *(("engine_prefix_token_hit_rate",) if engine_rate else ()), "token_hit_rate",
             "compute_saved_rate", "gpu_seconds_saved_per_hour", "usd_saved_per_hour", "read_mean_bytes_per_s")
     for head in ("capacity", *map(names.label, cols)):
         t.add_column(head, justify="right")
@@ -276,6 +284,7 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
         t.add_row(
             format_bytes(r["capacity_bytes"]), present.rate(r["request_hit_rate"]),
             present.rate(r["request_half_prefix_hit_rate"]), present.rate(r["prefix_token_hit_rate"]),
+            *((present.rate(r["engine_prefix_token_hit_rate"]),) if engine_rate else ()),
             present.rate(r["token_hit_rate"]), present.rate(r["compute_saved_rate"]),
             "-" if r["gpu_seconds_saved_per_hour"] is None else f"{r['gpu_seconds_saved_per_hour']:,.1f}",
             present.plain_dollars(r["usd_saved_per_hour"]), present.bandwidth(r["read_mean_bytes_per_s"]),
@@ -283,6 +292,7 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
     c = result.ceiling
     t.add_row(f"∞ ({format_bytes(c['capacity_bytes'])})", present.rate(c["request_hit_rate"]),
               present.rate(c["request_half_prefix_hit_rate"]), present.rate(c["prefix_token_hit_rate"]),
+              *((present.rate(c["prefix_token_hit_rate"]),) if engine_rate else ()),
               present.rate(c["token_hit_rate"]),
               present.rate(c["compute_saved_rate"]), "", "", "", style="bold")
     console.print(t)
@@ -306,7 +316,9 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
                       "requests)",
                       markup=False, soft_wrap=True)
     if rules and info.get("in_flight"):
-        w = Table(title=f"requests in flight ({info['in_flight']['service_time']} s each"
+        st = info["in_flight"]["service_time"]
+        w = Table(title="requests in flight (" + ("end_timestamp - timestamp each" if st.strip() == "trace" else
+                                                 f"{st} s each")
                         + (", output blocks held" if info["in_flight"]["cache_decode"] else "") + ")")
         for head in ("capacity", "mean wait", "p99 wait", "pool full"):
             w.add_column(head, justify="right")

@@ -230,8 +230,7 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, c
     if json_out == "-":
         write_json("-", {"configs": table.to_dicts()})
     else:
-        _render_whatif(trace_path, table, elapsed, len(configs), how)
-        console.print(f"cache rules: {TIER_RULE_TEXT[cache_rules]}", style="dim", markup=False, soft_wrap=True)
+        _render_whatif(trace_path, table, elapsed, len(configs), how, TIER_RULE_TEXT[cache_rules])
     if out is not None:
         write_table(table, out, metadata={"model": m.name, "kv_bytes_per_token": m.kv_bytes_per_token,
                                           "eviction": eviction.value, "cache_rules": cache_rules})
@@ -244,12 +243,14 @@ def _whatif_run(trace_path, trace, configs, m, g, response, horizon, eviction, c
     report_written((("table", out), ("plot", plot), ("json", json_out)))
 
 
-def _render_whatif(trace_path: Path, table, elapsed: float, n: int, how: str = "") -> None:
+def _render_whatif(trace_path: Path, table, elapsed: float, n: int, how: str = "", rules: str = "") -> None:
     t = Table(title=f"{trace_path.name}: tier what-ifs (usable-prefix token shares, unconditional)")
     for h in present.WHATIF_HEADS:
         t.add_column(h, justify="left" if h in ("config", "tiers") else "right")
     for row in present.whatif_rows(table):
         t.add_row(*row)
     console.print(t)
+    if rules:
+        console.print(f"cache rules: {rules}", style="dim", markup=False, soft_wrap=True)
     console.print(f"{n} configuration(s) in {elapsed:.2f} s" + (f", {how}" if how else ""), style="dim",
                   markup=False, soft_wrap=True)

@@ -18,7 +18,7 @@ from kvtrace.errors import KvtraceError
 from kvtrace.kernels.densify import densify
 from kvtrace.kernels.layout import request_and_pos
 from kvtrace.outputs import atomic_path
-from kvtrace.trace import REQUEST_SCHEMA, Accesses, Trace, TraceMeta
+from kvtrace.trace import OPTIONAL_REQUEST_SCHEMA, REQUEST_SCHEMA, Accesses, Trace, TraceMeta
 
 METADATA_KEY = b"kvtrace"
 
@@ -34,9 +34,12 @@ MAX_SPAN_S = 1e10
 
 
 def conform(df: pl.DataFrame, *, source: str | None = None) -> pl.DataFrame:
-    """Add missing nullable columns and cast to ``REQUEST_SCHEMA`` in its column order."""
+    """Add missing nullable columns and cast to ``REQUEST_SCHEMA`` in its column order,
+    then the ``OPTIONAL_REQUEST_SCHEMA`` columns ``df`` has (cast the same way)."""
     cols = []
-    for name, dtype in REQUEST_SCHEMA.items():
+    for name, dtype in {**REQUEST_SCHEMA, **OPTIONAL_REQUEST_SCHEMA}.items():
+        if name not in REQUEST_SCHEMA and name not in df.columns:
+            continue
         if name in df.columns:
             if df.schema[name] != dtype:
                 try:  # (Polars casts a struct field by field: check what comes out)
@@ -56,7 +59,7 @@ _TYPE_TEXT = {
     "request_id": "integer ids", "timestamp": "numbers (seconds)", "session_id": "integer ids",
     "parent_id": "integer ids", "turn": "integers", "type": "strings", "tenant": "strings",
     "input_tokens": "integers (tokens)", "output_tokens": "integers (tokens)",
-    "block_ids": "lists of integer hashes in [0, 2^64)",
+    "block_ids": "lists of integer hashes in [0, 2^64)", "end_timestamp": "numbers (seconds)",
 }
 
 
@@ -148,6 +151,10 @@ def prepare_requests(
     bad = ~np.isfinite(ts)
     if bad.any():
         raise KvtraceError("expected a finite number", field="timestamp", **where(int(np.argmax(bad))))
+    if "end_timestamp" in df.columns:  # optional; null where a request's end is unknown
+        bad = (~df["end_timestamp"].is_finite()).fill_null(False).to_numpy()
+        if bad.any():
+            raise KvtraceError("expected a finite number", field="end_timestamp", **where(int(np.argmax(bad))))
     lo, hi = float(ts.min()), float(ts.max())
     if hi - lo > MAX_SPAN_S:
         # name the outlier: the end farther from the median
@@ -190,8 +197,8 @@ def prepare_requests(
         ts = ts[order]
         lengths = lengths[order]
         inputs = inputs[order]
-    if not already_relative:
-        df = df.with_columns(pl.col("timestamp") - float(ts[0]))
+    if not already_relative:  # an end time is on the same clock: shifted with its start
+        df = df.with_columns(pl.col(c) - float(ts[0]) for c in ("timestamp", "end_timestamp") if c in df.columns)
     return df, warn
 
 

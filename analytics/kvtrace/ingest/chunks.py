@@ -30,7 +30,7 @@ import numpy as np
 import polars as pl
 
 from kvtrace.errors import KvtraceError
-from kvtrace.trace import REQUEST_SCHEMA, TraceMeta
+from kvtrace.trace import OPTIONAL_REQUEST_SCHEMA, REQUEST_SCHEMA, TraceMeta
 from kvtrace.ingest.canonical import conform, prepare_requests, read_metadata
 from kvtrace.ingest.tabular import (ALIASES, LIST_COLUMNS, cast_column, column_named, from_generic, source_names,
                                     to_seconds)
@@ -248,6 +248,9 @@ class ParquetRequests:
             if column_named(self.columns, ALIASES["request_id"]) is None:  # row numbers, as in memory
                 df = df.with_columns(pl.col("request_id") + row0)
         df = conform(df)
+        if columns is not None:  # an optional column asked for but not in the file: all null
+            df = df.with_columns(pl.lit(None, dtype=OPTIONAL_REQUEST_SCHEMA[c]).alias(c)
+                                 for c in columns if c in OPTIONAL_REQUEST_SCHEMA and c not in df.columns)
         return df if columns is None else df.select(list(columns))
 
     def chunks(self, columns: Sequence[str] = CORE_COLUMNS, row_groups: Sequence[int] | None = None,
@@ -311,6 +314,8 @@ class ParquetRequests:
         if self._t0:
             ts = ts - self._t0
             df = df.with_columns(pl.Series("timestamp", ts))
+            if "end_timestamp" in df.columns:  # on the same clock: shifted with the arrivals
+                df = df.with_columns(pl.col("end_timestamp") - self._t0)
         down = np.flatnonzero(np.diff(ts) < 0)
         if ts.size and ts[0] < info.last_timestamp:
             bad = 0

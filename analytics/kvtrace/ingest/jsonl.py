@@ -39,6 +39,7 @@ _MOONCAKE_SCHEMA = {
     "input_length": pl.Int64,
     "output_length": pl.Int64,
     "hash_ids": pl.List(pl.UInt64),
+    "end_timestamp": pl.Float64,  # optional: when the request finished, in the unit of ``timestamp``
 }
 _BAILIAN_SCHEMA = {
     "chat_id": pl.Int64,
@@ -49,6 +50,7 @@ _BAILIAN_SCHEMA = {
     "type": pl.String,
     "turn": pl.Int64,
     "hash_ids": pl.List(pl.UInt64),
+    "end_timestamp": pl.Float64,
 }
 #: field -> kind, for the line-by-line validator
 _REQUIRED = {
@@ -58,7 +60,8 @@ _REQUIRED = {
         "output_length": "count", "hash_ids": "hashes",
     },
 }
-_OPTIONAL = {"mooncake": {}, "bailian": {"type": "string", "turn": "int"}}
+_OPTIONAL = {"mooncake": {"end_timestamp": "number or null"},
+             "bailian": {"type": "string", "turn": "int", "end_timestamp": "number or null"}}
 #: canonical column -> the field it comes from, per format (for messages)
 JSONL_NAMES = {
     "mooncake": {"input_tokens": "input_length", "output_tokens": "output_length", "block_ids": "hash_ids"},
@@ -469,6 +472,10 @@ def source_format(source: JsonlSource, expected: str | None = None) -> str:
 
 def _check_value(kind: str, value) -> str | None:
     """None if ``value`` is of ``kind``, else what was expected."""
+    if kind == "number or null":
+        if value is None:
+            return None
+        kind = "number"
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             return "expected a finite number"
@@ -663,8 +670,9 @@ def read_mooncake(data: str | bytes | JsonlSource, path: str,
                   block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Mooncake JSONL -> canonical request table (file order) and metadata.
 
-    ``timestamp`` is in milliseconds; block size 512 tokens unless overridden.
-    ``request_id`` is the record's index (over all shards of a directory).
+    ``timestamp`` is in milliseconds, and so is the optional ``end_timestamp`` (when
+    the request finished); block size 512 tokens unless overridden. ``request_id`` is
+    the record's index (over all shards of a directory).
     """
     raw = _read_raw(_as_source(data, path), "mooncake")
     df = raw.select(
@@ -675,6 +683,8 @@ def read_mooncake(data: str | bytes | JsonlSource, path: str,
         pl.col("output_length").alias("output_tokens"),
         pl.col("hash_ids").alias("block_ids"),
     )
+    if _has_end_times(raw):
+        df = df.with_columns(_milliseconds(raw["end_timestamp"]).alias("end_timestamp"))
     meta = TraceMeta(block_tokens=block_tokens or MOONCAKE_BLOCK_TOKENS, source_format="mooncake",
                      source=os.path.basename(os.path.normpath(path)))
     return df, meta
@@ -684,8 +694,9 @@ def read_bailian(data: str | bytes | JsonlSource, path: str,
                  block_tokens: int | None = None) -> tuple[pl.DataFrame, TraceMeta]:
     """Qwen-Bailian JSONL -> canonical request table (file order) and metadata.
 
-    ``timestamp`` is in seconds; block size 16 tokens unless overridden. The session
-    of a request is the root of its ``parent_chat_id`` chain (-1 = root).
+    ``timestamp`` is in seconds, and so is the optional ``end_timestamp`` (when the
+    request finished); block size 16 tokens unless overridden. The session of a request
+    is the root of its ``parent_chat_id`` chain (-1 = root).
     """
     source = _as_source(data, path)
     raw = _read_raw(source, "bailian")
@@ -705,9 +716,22 @@ def read_bailian(data: str | bytes | JsonlSource, path: str,
         pl.col("output_length").alias("output_tokens"),
         pl.col("hash_ids").alias("block_ids"),
     ).with_columns(pl.Series("session_id", session_roots(chat, parent, path, locate=source.locate), dtype=pl.Int64))
+    if _has_end_times(raw):
+        df = df.with_columns(raw["end_timestamp"])
     meta = TraceMeta(block_tokens=block_tokens or BAILIAN_BLOCK_TOKENS, source_format="bailian",
                      source=os.path.basename(os.path.normpath(path)))
     return df, meta
+
+
+def _has_end_times(raw: pl.DataFrame) -> bool:
+    """Whether some record gives the optional ``end_timestamp`` (else the column is left out)."""
+    return raw["end_timestamp"].null_count() < raw.height
+
+
+def _milliseconds(col: pl.Series) -> pl.Series:
+    """Milliseconds -> seconds by numpy's correctly rounded division, nulls kept."""
+    seconds = pl.Series(col.name, col.to_numpy() / 1000.0)
+    return seconds if not col.null_count() else seconds.set(col.is_null(), None)
 
 
 def _as_source(data: str | bytes | JsonlSource, path: str) -> JsonlSource:

@@ -9,8 +9,9 @@ A generic table is either
 
 Other columns are recognised by name (``timestamp``/``ts``/``time``; ``input_length``/
 ``input_tokens``; ``output_length``/``output_tokens``; ``session_id``, ``parent_id``,
-``turn``, ``type``, ``tenant``). A column named ``timestamp_ms`` (or ``ts_ms``) is in
-milliseconds, otherwise seconds.
+``turn``, ``type``, ``tenant``; ``end_timestamp``, when the request finished, optional,
+null where unknown). A column named ``timestamp_ms`` (or ``ts_ms``; ``end_timestamp_ms``)
+is in milliseconds, otherwise seconds.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ ALIASES = {
     "turn": ("turn",),
     "type": ("type", "request_type"),
     "tenant": ("tenant", "namespace", "tenant_id"),
+    "end_timestamp": ("end_timestamp",),
+    "end_timestamp_ms": ("end_timestamp_ms",),
 }
 ACCESS_POS = ("pos", "position", "block_index", "idx")
 ACCESS_HASH = ("hash_id", "hash", "block_hash", "block_id", "block")
@@ -56,11 +59,12 @@ def source_names(columns: list[str]) -> dict[str, str]:
     out = {}
     for name, aliases in ALIASES.items():
         c = column_named(columns, aliases)
-        if c is not None and name != "timestamp_ms":
+        if c is not None and name not in ("timestamp_ms", "end_timestamp_ms"):
             out[name] = c
-    ms = column_named(columns, ALIASES["timestamp_ms"])
-    if ms is not None:
-        out["timestamp"] = ms
+    for name in ("timestamp", "end_timestamp"):
+        ms = column_named(columns, ALIASES[f"{name}_ms"])
+        if ms is not None:
+            out[name] = ms
     lst = column_named(columns, LIST_COLUMNS)
     if lst is not None:
         out["block_ids"] = lst
@@ -232,6 +236,11 @@ def from_generic(df: pl.DataFrame, path: str, fmt: str, block_tokens: int | None
         out["timestamp"] = to_seconds(df[ts], ts, 1.0, where)
     else:
         raise KvtraceError("no timestamp column (timestamp, ts, time or timestamp_ms)", path=path, field="timestamp")
+    end_ms = column_named(cols, ALIASES["end_timestamp_ms"])
+    end = end_ms or column_named(cols, ALIASES["end_timestamp"])
+    if end is not None:  # optional; a null where a request's end is unknown stays null
+        seconds = to_seconds(df[end], end, 1000.0 if end_ms else 1.0, where)
+        out["end_timestamp"] = seconds.set(df[end].is_null(), None) if df[end].null_count() else seconds
     for name in ("request_id", "session_id", "parent_id", "turn", "type", "tenant", "input_tokens", "output_tokens"):
         c = (column_named(df.columns, ALIASES[name]) if name != "request_id"
              else (req_col if req_col in df.columns else None))

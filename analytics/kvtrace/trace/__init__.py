@@ -34,6 +34,11 @@ REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "output_tokens": pl.Int64,
     "block_ids": pl.List(pl.UInt64),  # chained prefix hashes
 }
+#: Optional request columns: kept after ``REQUEST_SCHEMA``'s, in this order, only when the
+#: source gives them (a table without them is a complete canonical table).
+OPTIONAL_REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "end_timestamp": pl.Float64,  # when the request finished, seconds on the timestamp's clock; null: unknown
+}
 
 
 def index_dtype(n: int):
