@@ -230,12 +230,13 @@ def test_curve_command_usage_errors(extra, field):
 
 
 # --------------------------------------------------------------------------- requests in flight
-def inflight(requests, tokens, pool, arrival, duration, rules=V.ALL_RULES, decode=None):
+def inflight(requests, tokens, pool, arrival, duration, rules=V.ALL_RULES, decode=None,
+             kernel=V.replay_vllm_inflight):
+    """``kernel`` (an engine's in-flight replay) over requests given as block lists."""
     block = np.array([b for r in requests for b in r], dtype=np.int64)
     tok = np.array([t for r in tokens for t in r], dtype=np.int64)
     starts = np.cumsum([0] + [len(r) for r in requests])
-    return V.replay_vllm_inflight(block, tok, starts, 1 + int(block.max(initial=0)), pool, B, arrival, duration,
-                                  decode, rules)
+    return kernel(block, tok, starts, 1 + int(block.max(initial=0)), pool, B, arrival, duration, decode, rules)
 
 
 def test_in_flight_a_request_waits_for_blocks_first_come_first_served():
@@ -272,18 +273,29 @@ def test_in_flight_output_blocks_are_held_too():
     assert inflight(*args, decode=[0, 0])[2].tolist() == [0.0, 0.0]
 
 
+#: Per engine: its sequential and in-flight kernels and rule sets to try
+ZERO_DURATION_CASES = {
+    "vllm": (V.replay_vllm, V.replay_vllm_inflight, [0, V.ALL_RULES, V.LAST_TOKEN_CAP | V.REJECT_OVERSIZE]),
+    "sglang": (S.replay_sglang, S.replay_sglang_inflight,
+               [0, S.ALL_RULES, S.LAST_TOKEN_CAP | S.REJECT_OVERSIZE | S.WHOLE_LEAF,
+                S.FULL_PAGES_ONLY | S.EVICT_NEED | S.RESERVE_PAGE | S.SPLIT_REFRESH]),
+}
+
+
+@pytest.mark.parametrize("engine", list(ZERO_DURATION_CASES))
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=chained_traces(max_requests=14, max_new=5), pool=st.integers(0, 20),
-       rules=st.sampled_from([0, V.ALL_RULES, V.LAST_TOKEN_CAP | V.REJECT_OVERSIZE]), data=st.data())
-def test_in_flight_with_zero_durations_is_the_sequential_replay(trace, pool, rules, data):
+@given(trace=chained_traces(max_requests=14, max_new=5), pool=st.integers(0, 20), data=st.data())
+def test_in_flight_with_zero_durations_is_the_sequential_replay(engine, trace, pool, data):
+    sequential, in_flight, rule_sets = ZERO_DURATION_CASES[engine]
+    rules = data.draw(st.sampled_from(rule_sets))
     n = len(trace.req_start) - 1
     toks = np.full(len(trace.block), B)
     if len(toks) and data.draw(st.booleans()):
         toks[trace.req_start[1:][np.diff(trace.req_start) > 0] - 1] = data.draw(st.integers(1, B))  # partial tails
     arr = np.sort(np.array(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)), dtype=float))
-    seq, srej = V.replay_vllm(trace.block, toks, trace.req_start, len(trace.size), [pool], B, rules)
-    hit, rej, wait, blocked, _ = V.replay_vllm_inflight(trace.block, toks, trace.req_start, len(trace.size), pool, B,
-                                                        arr, np.zeros(n), None, rules)
+    seq, srej = sequential(trace.block, toks, trace.req_start, len(trace.size), [pool], B, rules)
+    hit, rej, wait, blocked, _ = in_flight(trace.block, toks, trace.req_start, len(trace.size), pool, B, arr,
+                                           np.zeros(n), None, rules)
     assert hit.tolist() == seq[0].tolist() and rej.tolist() == srej[0].tolist()
     assert not wait.any() and blocked == 0.0
 
@@ -483,11 +495,7 @@ def test_curve_command_with_sglang_rules(tmp_path):
 
 # --------------------------------------------------------------------------- SGLang in flight
 def sglang_inflight(requests, tokens, pool, arrival, duration, rules=S.ALL_RULES, decode=None):
-    block = np.array([b for r in requests for b in r], dtype=np.int64)
-    tok = np.array([t for r in tokens for t in r], dtype=np.int64)
-    starts = np.cumsum([0] + [len(r) for r in requests])
-    return S.replay_sglang_inflight(block, tok, starts, 1 + int(block.max(initial=0)), pool, B, arrival, duration,
-                                    decode, rules)
+    return inflight(requests, tokens, pool, arrival, duration, rules, decode, kernel=S.replay_sglang_inflight)
 
 
 def test_sglang_in_flight_pages_are_inserted_when_a_request_finishes():
@@ -558,23 +566,6 @@ def test_sglang_in_flight_kernel_equals_the_twin_per_request(seed):
                 np.testing.assert_allclose(got[2], [w.wait_s for w in want], rtol=0, atol=1e-9)
                 waited += int((got[2] > 0).sum())
     assert waited or len(reqs) < 3  # the cases make requests wait
-
-
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(trace=chained_traces(max_requests=14, max_new=5), pool=st.integers(0, 20),
-       rules=st.sampled_from([0, S.ALL_RULES, S.LAST_TOKEN_CAP | S.REJECT_OVERSIZE | S.WHOLE_LEAF,
-                              S.FULL_PAGES_ONLY | S.EVICT_NEED | S.RESERVE_PAGE | S.SPLIT_REFRESH]), data=st.data())
-def test_sglang_in_flight_with_zero_durations_is_the_sequential_replay(trace, pool, rules, data):
-    n = len(trace.req_start) - 1
-    toks = np.full(len(trace.block), B)
-    if len(toks) and data.draw(st.booleans()):
-        toks[trace.req_start[1:][np.diff(trace.req_start) > 0] - 1] = data.draw(st.integers(1, B))  # partial tails
-    arr = np.sort(np.array(data.draw(st.lists(st.floats(0, 100), min_size=n, max_size=n)), dtype=float))
-    seq, srej = S.replay_sglang(trace.block, toks, trace.req_start, len(trace.size), [pool], B, rules)
-    hit, rej, wait, blocked, _ = S.replay_sglang_inflight(trace.block, toks, trace.req_start, len(trace.size), pool,
-                                                          B, arr, np.zeros(n), None, rules)
-    assert hit.tolist() == seq[0].tolist() and rej.tolist() == srej[0].tolist()
-    assert not wait.any() and blocked == 0.0
 
 
 def test_sglang_engine_curve_in_flight_is_the_kernel():

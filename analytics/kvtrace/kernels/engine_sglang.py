@@ -43,6 +43,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
+from kvtrace.kernels.engine_vllm import due_pop, due_push
 
 LAST_TOKEN_CAP, FULL_PAGES_ONLY, REJECT_OVERSIZE, WHOLE_LEAF, EVICT_NEED, RESERVE_PAGE, SPLIT_REFRESH = (
     1, 2, 4, 8, 16, 32, 64)
@@ -367,40 +368,6 @@ def replay_sglang(block, tokens, req_start, n_ids: int, pools, page_tokens: int,
 
 # --------------------------------------------------------------------------- requests in flight
 @njit(**NJIT)
-def _due_push(ht, hr, n, t, r):
-    """Push request ``r`` ending at ``t`` on the min-heap of running requests ordered by
-    (end time, request index): admission order is index order (first come, first served)."""
-    i = n
-    while i > 0:
-        p = (i - 1) >> 1
-        if ht[p] < t or (ht[p] == t and hr[p] < r):
-            break
-        ht[i], hr[i] = ht[p], hr[p]
-        i = p
-    ht[i], hr[i] = t, r
-    return n + 1
-
-
-@njit(**NJIT)
-def _due_pop(ht, hr, n):
-    n -= 1
-    t, r = ht[n], hr[n]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hr[c + 1] < hr[c])):
-            c += 1
-        if t < ht[c] or (t == ht[c] and r < hr[c]):
-            break
-        ht[i], hr[i] = ht[c], hr[c]
-        i = c
-    ht[i], hr[i] = t, r
-    return n
-
-
-@njit(**NJIT)
 def _replay_inflight(block, tokens, req_start, n_ids, P, B, rules, arrival, duration, decode, hit_blocks, rejected,
                      wait, stats):
     """Requests in flight (see :func:`replay_sglang_inflight`); ``stats`` = [time the
@@ -467,7 +434,7 @@ def _replay_inflight(block, tokens, req_start, n_ids, P, B, rules, arrival, dura
         # 1. every completion due, by (end, admission order): S7 insert, free, unlock
         while nrun > 0 and rt[0] <= now:
             r = rr[0]
-            nrun = _due_pop(rt, rr, nrun)
+            nrun = due_pop(rt, rr, nrun)
             if nh > HC - 4 * (L + 4):  # compact: keep the entries that still describe an evictable leaf
                 j = 0
                 for i in range(nh):
@@ -747,7 +714,7 @@ def _replay_inflight(block, tokens, req_start, n_ids, P, B, rules, arrival, dura
             run_new[r] = new_pages
             run_dec[r] = dec
             run_klen[r] = kept if kept < keyable else keyable
-            nrun = _due_push(rt, rr, nrun, now + duration[r], r)
+            nrun = due_push(rt, rr, nrun, now + duration[r], r)
             queue_head += 1
             if duration[r] <= 0:
                 break  # its completion is the next event, at this same time

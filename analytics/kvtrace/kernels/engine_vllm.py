@@ -211,7 +211,10 @@ def replay_vllm(block, tokens, req_start, n_ids: int, pools, block_tokens: int, 
 
 # --------------------------------------------------------------------------- requests in flight
 @njit(**NJIT)
-def _heap_push(ht, hr, n, t, r):
+def due_push(ht, hr, n, t, r):
+    """Push request ``r`` ending at ``t`` on the min-heap ``ht``/``hr`` of ``n`` running
+    requests ordered by (end time, request index: admission order under first come,
+    first served); returns the new size. Shared by the engines' in-flight replays."""
     i = n
     while i > 0:
         p = (i - 1) >> 1
@@ -224,7 +227,9 @@ def _heap_push(ht, hr, n, t, r):
 
 
 @njit(**NJIT)
-def _heap_pop(ht, hr, n):
+def due_pop(ht, hr, n):
+    """Remove the heap's first (earliest end, then lowest index) request, read before
+    from ``ht[0]``/``hr[0]``; returns the new size."""
     n -= 1
     t, r = ht[n], hr[n]
     i = 0
@@ -291,7 +296,7 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
         # 1. every completion at this time, in admission order: free tail first
         while nh > 0 and ht[0] <= now:
             r = hr[0]
-            nh = _heap_pop(ht, hr, nh)
+            nh = due_pop(ht, hr, nh)
             ins = -1
             for j in range(own_n[r] - 1, -1, -1):
                 s = own[own_start[r] + j]
@@ -420,7 +425,7 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
                             first_copy[bid] = s
                         last_copy[bid] = s
             used += nb + extra
-            nh = _heap_push(ht, hr, nh, now + duration[r], r)
+            nh = due_push(ht, hr, nh, now + duration[r], r)
             queue_head += 1
             if duration[r] <= 0:
                 break  # its completion is the next event, at this same time
