@@ -813,3 +813,21 @@ def test_engine_rate_is_hits_over_the_admitted_requests_prompts(seed):
         assert row["prefix_token_hit_rate"] == pytest.approx(hit / total, rel=1e-12)
         assert row["engine_prefix_token_hit_rate"] == pytest.approx(hit / admitted, rel=1e-12)
     assert seen_rejection  # the small pools reject prompts of up to 8 blocks
+
+
+def test_whole_trace_replays_refuse_what_the_memory_budget_cannot_hold(tmp_path, monkeypatch):
+    """SGLang and in-flight replays hold the whole trace's accesses: past the budget, a
+    one-line error naming the need and the budget (the streamed vLLM replay still runs)."""
+    src = tmp_path / "t.parquet"
+    assert runner.invoke(app, ["ingest", str(CHAT), "-o", str(src)]).exit_code == 0
+    n = load_trace(CHAT).n_accesses
+    monkeypatch.setenv("KVTRACE_MEMORY_BUDGET", f"{20 * n - 1}B")
+    for extra in (["--cache-rules", "sglang"], ["--cache-rules", "vllm", "--in-flight"]):
+        res = runner.invoke(app, ["curve", str(src), "--stream", "--capacity", "4GiB", *extra],
+                            env={"COLUMNS": "250"})
+        assert res.exit_code == 2 and "Traceback" not in res.stderr + res.stdout
+        line = res.stderr.splitlines()[-1]  # after the line saying it streams
+        assert line.startswith("kvtrace: error: ") and f"its {n:,} block accesses need" in line
+        assert "$KVTRACE_MEMORY_BUDGET" in line
+    assert runner.invoke(app, ["curve", str(src), "--stream", "--capacity", "4GiB", "--cache-rules", "vllm"]
+                         ).exit_code == 0

@@ -14,9 +14,9 @@ histogram), with these differences, stated in ``info``:
 
 - an engine reuses only a request's leading cached blocks, so the any-block rates equal
   the usable-prefix ones;
-- ``prefix_token_hit_rate`` is what the engine's own metric reports (vLLM: the sum of
-  ``num_cached_tokens`` over the prompt tokens; a rejected request counts its tokens as
-  missed); ``engine_prefix_token_hit_rate`` the same over the prompt tokens of the
+- ``prefix_token_hit_rate`` is the sum of the hits the engine reports (vLLM's
+  ``num_cached_tokens``) over every prompt token, a rejected request's counted as
+  missed; ``engine_prefix_token_hit_rate`` the same over the prompt tokens of the
   requests the engine admitted (what its own counter reports: a rejected request never
   reaches the prefix cache); ``rejected_request_share`` is the share of measured
   requests the engine rejects as larger than its pool;
@@ -45,6 +45,8 @@ from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, LAST_TOKEN_CAP
 from kvtrace.kernels.stackdist import COLD
+from kvtrace.trace.budget import memory_budget
+from kvtrace.units import format_bytes
 
 CACHE_RULES = ("ideal", "vllm", "sglang")
 #: Pool sizes of an engine curve's default grid.
@@ -357,10 +359,22 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
 
 
+#: Bytes per access of the whole-trace replays' arrays (block and tokens int64, pos int32).
+WHOLE_BYTES_PER_ACCESS = 20
+
+
 class _Whole:
-    """The whole trace as one chunk (requests in flight need every request at once)."""
+    """The whole trace as one chunk (requests in flight need every request at once; the
+    SGLang kernel keeps its tree inside one call). Refused with a one-line error when its
+    arrays would not fit the memory budget (:func:`kvtrace.trace.budget.memory_budget`)."""
 
     def __init__(self, trace):
+        need = WHOLE_BYTES_PER_ACCESS * int(trace.n_accesses)
+        room, where = memory_budget()
+        if room is not None and need > room:
+            raise UsageError(f"these rules replay the whole trace at once: its {trace.n_accesses:,} block accesses "
+                             f"need {format_bytes(need)}, only {format_bytes(room)} is {where} (--cache-rules vllm "
+                             "without --in-flight streams in chunks)", field="cache-rules")
         parts = list(trace.chunks())
         self.r, self.lo = 0, 0
         self.block = np.concatenate([c.block for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)

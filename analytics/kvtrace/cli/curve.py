@@ -328,10 +328,11 @@ def _render_curve(trace_path: Path, result, display, elapsed: float) -> None:
         console.print(w)
     if rules:
         rejected = [x for x in result.curve["rejected_request_share"].to_list() if x]
-        console.print(f"rules applied: {info['cache_rules_text']}. The usable-prefix token rate is what the "
-                      f"engine's own metric reports; knees at the grid's resolution"
+        console.print(f"rules applied: {info['cache_rules_text']}. \"engine's own rate\" is what the engine's "
+                      "prefix-cache counter reports (vLLM's num_cached_tokens over the prompt tokens of the "
+                      "requests it admitted); knees at the grid's resolution"
                       + (f"; up to {100 * max(rejected):.2f}% of the requests are rejected as larger than the pool "
-                         "(counted as misses)" if rejected else ""), markup=False, soft_wrap=True)
+                         "(misses in every other column)" if rejected else ""), markup=False, soft_wrap=True)
     console.print(f"[dim]{info['measured_accesses']:,} accesses measured"
                   f"{' after warm-up' if info['warmup'] else ''}, {info['distinct_blocks']:,} distinct blocks "
                   f"({format_bytes(info['distinct_bytes'])}); computed in {elapsed:.2f} s[/dim]")
