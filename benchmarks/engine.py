@@ -31,7 +31,7 @@ How each figure is taken:
 - breakdown (in this process; ``--skip-breakdown``): ``load_trace`` from Parquet, then
   ``engine_curve(trace, "vllm", points=20)`` on one thread with its parts timed by
   wrapping them (plan, pool-state allocation, ``replay_chunk``, the unbounded ceiling
-  replay, ``_accumulate`` per chunk and capacity, ``_result``'s evaluation; the rest is
+  replay, ``request_sums`` per chunk, ``_accumulate`` per chunk and capacity, ``_result``'s evaluation; the rest is
   chunk layout and per-step arrays), and on the default threads (one per core) untimed
   in parts; the curve table is checked against the command's ``--out``.
 
@@ -221,6 +221,7 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
     timers.wrap(V, "new_state", "state")
     timers.wrap(V, "replay_chunk", "replay")
     timers.wrap(E, "_unbounded_chunk", "unbounded")
+    timers.wrap(E, "request_sums", "sums")
     timers.wrap(E, "_accumulate", "accumulate")
     timers.wrap(E, "_result", "evaluate")
     try:
@@ -256,6 +257,7 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
           f"accesses/s overall)")
     parts = [("plan_curve", S["plan"]), (f"new_state x{C['state']} (pool-state allocation)", S["state"]),
              (f"replay_chunk x{C['replay']}", S["replay"]), (f"unbounded ceiling x{C['unbounded']}", S["unbounded"]),
+             (f"request_sums x{C['sums']} (per-request running weights, once per chunk)", S["sums"]),
              (f"_accumulate x{C['accumulate']} (hits into histograms)", S["accumulate"]),
              ("_result (evaluation, tables, knees)", S["evaluate"]),
              ("the rest (chunk layout, per-step arrays, pool arrays)", rest)]

@@ -183,43 +183,61 @@ def service_times(expr: str, input_tokens, output_tokens) -> np.ndarray:
 
 
 @njit(**NJIT)
-def _accumulate(hit_blocks, rejected, tokens, pos, block, size, lrs, r0, first_req, req_group, block_tokens, hist,
-                req_hit, half_hit, n_rejected):
+def request_sums(tokens, pos, block, size, lrs, block_tokens, cum):
+    """Per access, the running sums within its request of the histogram weights of
+    :func:`kvtrace.kernels.hitcurve.binned_hits_into` (``cum[t, w]`` = weight ``w`` of
+    the request's accesses up to and including ``t``: count, tokens, block tokens,
+    prefill q; one access's four weights share a cache line). Computed once per chunk for every capacity; each is a sum of integers
+    below 2**53 (a request's q is at most its tokens squared), so exact."""
+    bt = np.float64(block_tokens)
+    for i in range(lrs.shape[0] - 1):
+        c0 = c1 = c2 = c3 = 0.0
+        for t in range(lrs[i], lrs[i + 1]):
+            k = np.float64(tokens[t])
+            c0 += 1.0
+            c1 += k
+            c2 += np.float64(size[block[t]])
+            c3 += k * (np.float64(pos[t]) * bt) + k * (k - 1.0) * 0.5
+            cum[t, 0] = c0
+            cum[t, 1] = c1
+            cum[t, 2] = c2
+            cum[t, 3] = c3
+
+
+@njit(**NJIT)
+def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, req_hit, half_hit, n_rejected):
     """Add one chunk's hits at one capacity: the one-capacity histogram ``hist[2,
     n_groups, 3, 4]`` (bin 0 hit, bin 2 miss; the weights of
     :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, and per
-    request whether it hit and whether its hit covers half its prompt tokens."""
+    request whether it hit and whether its hit covers half its prompt tokens. The hit
+    blocks of a request are its first ``hit_blocks``, so its hit and miss weights are
+    differences of :func:`request_sums`: O(1) per request and capacity."""
     grouped = req_group.shape[0] > 0
-    bt = np.float64(block_tokens)
+    G = hist.shape[1]
+    loc = np.zeros((G, 2, 4), dtype=np.float64)  # the chunk's hit / miss weights per group, added at the end
     for i in range(lrs.shape[0] - 1):
         r = r0 + i
         lo, hi = lrs[i], lrs[i + 1]
         h = hit_blocks[i]
-        total = 0
-        got = 0
-        for t in range(lo, hi):
-            total += tokens[t]
-            if t - lo < h:
-                got += tokens[t]
+        total = cum[hi - 1, 1] if hi > lo else 0.0
+        got = cum[lo + h - 1, 1] if h > 0 else 0.0
         req_hit[r] = h >= 1
-        half_hit[r] = hi > lo and got >= (total + 1) // 2
-        if r < first_req:
+        half_hit[r] = hi > lo and got >= np.floor((total + 1.0) / 2.0)
+        if r < first_req or hi == lo:
             continue
         if rejected[i]:
             n_rejected[0] += 1
-            n_rejected[1] += total
+            n_rejected[1] += np.int64(total)
         g = req_group[r] if grouped else 0
-        for t in range(lo, hi):
-            b = 0 if t - lo < h else 2
-            k = np.float64(tokens[t])
-            s = np.float64(pos[t]) * bt
-            w2 = np.float64(size[block[t]])
-            w3 = k * s + k * (k - 1.0) * 0.5
+        for w in range(4):
+            on = cum[lo + h - 1, w] if h > 0 else 0.0
+            loc[g, 0, w] += on
+            loc[g, 1, w] += cum[hi - 1, w] - on
+    for g in range(G):
+        for w in range(4):
             for x in range(2):
-                hist[x, g, b, 0] += 1.0
-                hist[x, g, b, 1] += k
-                hist[x, g, b, 2] += w2
-                hist[x, g, b, 3] += w3
+                hist[x, g, 0, w] += loc[g, 0, w]
+                hist[x, g, 2, w] += loc[g, 1, w]
 
 
 @njit(**NJIT)
@@ -270,8 +288,9 @@ class _Pool:
     def close(self) -> None:
         self.state = self.slots = self.cached = None
 
-    def step(self, ch, block, tokens, B, rules, size, first_req, req_group):
-        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64) and add its hits."""
+    def step(self, ch, block, tokens, cum, B, rules, first_req, req_group):
+        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64, ``cum`` its
+        :func:`request_sums`) and add its hits."""
         n = ch.lrs.shape[0] - 1
         hit = np.zeros(n, dtype=np.int32)
         rej = np.zeros(n, dtype=np.bool_)
@@ -279,8 +298,8 @@ class _Pool:
             _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
         else:
             V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, hit, rej)
-        _accumulate(hit, rej, tokens, ch.pos, block, size, ch.lrs, ch.r, first_req, req_group, B, self.hist,
-                    self.req_hit, self.half_hit, self.rejected)
+        _accumulate(hit, rej, cum, ch.lrs, ch.r, first_req, req_group, self.hist, self.req_hit, self.half_hit,
+                    self.rejected)
 
 
 def _state_bytes(pages: int, n_ids: int) -> int:
@@ -343,13 +362,17 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
         return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
     done, total = 0, len(groups) * trace.n_accesses
     with ThreadPoolExecutor(threads) as ex:
+        cum = np.empty((0, 4), dtype=np.float64)  # request_sums of a chunk, one buffer for every chunk
         for group in groups:  # a group's state exists only while its pass runs
             for pool in group:
                 pool.open(vllm_state=True)
             for ch in trace.chunks():
                 block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
                 tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
-                list(ex.map(lambda p: p.step(ch, block, tokens, B, rules.bits, size, plan.first_req, req_group),
+                if cum.shape[0] < block.shape[0]:
+                    cum = np.empty((block.shape[0], 4), dtype=np.float64)
+                request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
+                list(ex.map(lambda p: p.step(ch, block, tokens, cum, B, rules.bits, plan.first_req, req_group),
                             group))
                 done += ch.hi - ch.lo
                 if progress is not None:
@@ -361,6 +384,8 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
 
 #: Bytes per access of the whole-trace replays' arrays (block and tokens int64, pos int32).
 WHOLE_BYTES_PER_ACCESS = 20
+#: Accesses per slice when a whole-trace replay's hits are added up (:meth:`_Whole.accumulate`).
+SLICE_ACCESSES = 1 << 20
 
 
 class _Whole:
@@ -382,6 +407,25 @@ class _Whole:
         self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
         self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
         self.hi = self.block.shape[0]
+
+    def accumulate(self, hit, rej, size, B, first_req, req_group, pool) -> None:
+        """:func:`_accumulate` of one pool's hits over the whole trace, in slices of
+        whole requests of about ``SLICE_ACCESSES`` accesses (its running sums are
+        recomputed per slice, so memory stays bounded)."""
+        lrs = self.lrs
+        R = lrs.shape[0] - 1
+        cum = np.empty((min(max(int(lrs[-1]), 1), SLICE_ACCESSES), 4), dtype=np.float64)
+        r = 0
+        while r < R:
+            e = max(r + 1, int(np.searchsorted(lrs, lrs[r] + SLICE_ACCESSES, side="right")) - 1)
+            lo, hi = int(lrs[r]), int(lrs[e])
+            if cum.shape[0] < hi - lo:  # one request longer than a slice
+                cum = np.empty((hi - lo, 4), dtype=np.float64)
+            sl = lrs[r:e + 1] - lo
+            request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum)
+            _accumulate(hit[r:e], rej[r:e], cum, sl, r, first_req, req_group, pool.hist, pool.req_hit,
+                        pool.half_hit, pool.rejected)
+            r = e
 
 
 def _each_pool(trace, pools, run, threads, progress) -> None:
@@ -419,8 +463,7 @@ def _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progres
         else:
             h, r = S.replay_sglang(whole.block, whole.tokens, whole.lrs, trace.n_blocks, [pool.pages], B, rules.bits)
             hit, rej = h[0], r[0]
-        _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
-                    B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
+        whole.accumulate(hit, rej, size, B, plan.first_req, req_group, pool)
 
     _each_pool(trace, pools, run, threads, progress)
 
@@ -445,8 +488,7 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
             replay = S.replay_sglang_inflight if rules.name == "sglang" else V.replay_vllm_inflight
             hit, rej, wait, blocked, span = replay(whole.block, whole.tokens, whole.lrs, trace.n_blocks, pool.pages, B,
                                                    arrival, duration, decode, rules.bits)
-        _accumulate(hit, rej, whole.tokens, whole.pos, whole.block, size, whole.lrs, 0, plan.first_req, req_group,
-                    B, pool.hist, pool.req_hit, pool.half_hit, pool.rejected)
+        whole.accumulate(hit, rej, size, B, plan.first_req, req_group, pool)
         measured = wait[plan.first_req:][~rej[plan.first_req:]]
         pool.wait = (float(measured.mean()) if measured.size else None,
                      float(np.quantile(measured, 0.99, method="inverted_cdf")) if measured.size else None,
