@@ -4,7 +4,8 @@ citing the upstream function it mirrors); this module implements both its modes:
 :func:`replay_sglang` the sequential one (each request is matched, admitted, allocated,
 inserted and released before the next) and :func:`replay_sglang_inflight` requests in
 flight (a first-come-first-served queue; a request holds its pages and its path's lock
-until it finishes, when it is inserted), the same tree code in one monolithic kernel each.
+until it finishes, when it is inserted), one monolithic kernel for both (the sequential
+mode is requests arriving at 0 for 0 s).
 
 Representation
 --------------
@@ -87,273 +88,11 @@ def _pop(hk, hn, nh):
     return nh
 
 
-@njit(**NJIT)
-def _replay(block, tokens, req_start, n_ids, P, B, rules, hit_blocks, rejected):
-    cap = (rules & LAST_TOKEN_CAP) != 0
-    full_only = (rules & FULL_PAGES_ONLY) != 0
-    reject = (rules & REJECT_OVERSIZE) != 0
-    whole = (rules & WHOLE_LEAF) != 0
-    evict_need = (rules & EVICT_NEED) != 0
-    reserve_rule = (rules & RESERVE_PAGE) != 0
-    refresh = (rules & SPLIT_REFRESH) != 0
-    node_of = np.full(n_ids, -1, dtype=np.int64)
-    nxt_in = np.full(n_ids, -1, dtype=np.int64)
-    prv_in = np.full(n_ids, -1, dtype=np.int64)
-    NN = P + 2
-    parent = np.full(NN, -1, dtype=np.int64)
-    first = np.full(NN, -1, dtype=np.int64)
-    lastp = np.full(NN, -1, dtype=np.int64)
-    length = np.zeros(NN, dtype=np.int64)
-    kids = np.zeros(NN, dtype=np.int64)
-    lock = np.zeros(NN, dtype=np.int64)
-    time = np.zeros(NN, dtype=np.int64)
-    alive = np.zeros(NN, dtype=np.bool_)
-    free_nodes = np.arange(NN - 1, 0, -1)  # node ids 1..NN-1, popped from the end
-    n_free_nodes = NN - 1
-    L = 0  # the longest request: a bound on one request's heap pushes (about 3 per page)
-    for r in range(req_start.shape[0] - 1):
-        L = max(L, req_start[r + 1] - req_start[r])
-    HC = 8 * NN + 8 * (L + 4) + 64
-    hk = np.empty(HC, dtype=np.int64)
-    hn = np.empty(HC, dtype=np.int64)
-    nh = 0
-    clock = 1
-    alive[ROOT] = True
-    lock[ROOT] = 1
-    time[ROOT] = clock
-    free = P
-    tree = 0
-    R = req_start.shape[0] - 1
-    for r in range(R):
-        lo, hi = req_start[r], req_start[r + 1]
-        n = hi - lo
-        if n == 0:
-            continue
-        input_len = 0
-        for t in range(lo, hi):
-            input_len += tokens[t]
-        if reject and input_len >= P * B - 6:  # S1
-            rejected[r] = True
-            continue
-        keyable = 0
-        while keyable < n and (not full_only or tokens[lo + keyable] == B):
-            keyable += 1
-        limit = input_len - 1 if cap else input_len
-        m = 0
-        end = 0
-        while m < keyable:
-            end += tokens[lo + m]
-            if end > limit:
-                break
-            m += 1
-        # S3 the match walk
-        hit = 0
-        last = ROOT
-        if m > 0:
-            clock += 1
-            tw = clock
-            time[ROOT] = tw
-            while hit < m:
-                c = node_of[block[lo + hit]]
-                if c < 0 or first[c] != block[lo + hit]:
-                    break
-                # pages of c matching the key
-                k = 0
-                p = first[c]
-                while p >= 0 and hit + k < m and p == block[lo + hit + k]:
-                    k += 1
-                    p = nxt_in[p]
-                if k < length[c]:  # split: the first k pages become a new node above c
-                    if refresh:
-                        time[c] = tw
-                        if kids[c] == 0 and lock[c] == 0:
-                            nh = _push(hk, hn, nh, tw, c)
-                    u = free_nodes[n_free_nodes - 1]
-                    n_free_nodes -= 1
-                    clock += 1
-                    alive[u] = True
-                    parent[u] = parent[c]
-                    time[u] = clock
-                    lock[u] = lock[c]
-                    kids[u] = 1
-                    first[u] = first[c]
-                    q = first[c]
-                    for _ in range(k - 1):
-                        node_of[q] = u
-                        q = nxt_in[q]
-                    node_of[q] = u
-                    lastp[u] = q
-                    length[u] = k
-                    first[c] = nxt_in[q]
-                    nxt_in[q] = -1
-                    prv_in[first[c]] = -1
-                    length[c] -= k
-                    parent[c] = u
-                    hit += k
-                    last = u
-                    break
-                time[c] = tw
-                if kids[c] == 0 and lock[c] == 0:
-                    nh = _push(hk, hn, nh, tw, c)
-                hit += k
-                last = c
-        hit_blocks[r] = hit
-        hit_tokens = 0
-        for j in range(hit):
-            hit_tokens += tokens[lo + j]
-        extend = input_len - hit_tokens
-        new_pages = n - hit
-        # S4 lock the path, admit
-        x = last
-        while x != ROOT:
-            lock[x] += 1
-            x = parent[x]
-        room = free + (tree - hit)
-        reserve = B if reserve_rule else 0
-        admitted = True
-        if extend + reserve < room * B:
-            need = extend + (B if reserve_rule and B > 1 else 0)
-        elif reject:
-            admitted = False
-            rejected[r] = True
-            hit_blocks[r] = 0
-        else:
-            if new_pages > room:
-                new_pages = room
-            need = new_pages * B
-        if admitted:
-            # S5 eviction
-            if free * B < need:
-                target = need if evict_need else need - free * B
-                evicted = 0
-                while evicted < target and nh > 0:
-                    tx, x = hk[0], hn[0]
-                    nh = _pop(hk, hn, nh)
-                    if not alive[x] or x == ROOT or lock[x] != 0 or kids[x] != 0 or time[x] != tx:
-                        continue
-                    k = length[x] if whole else 1
-                    for _ in range(k):
-                        q = lastp[x]
-                        node_of[q] = -1
-                        lastp[x] = prv_in[q]
-                        prv_in[q] = -1
-                        if lastp[x] >= 0:
-                            nxt_in[lastp[x]] = -1
-                    length[x] -= k
-                    free += k
-                    tree -= k
-                    evicted += k * B
-                    if length[x] > 0:
-                        nh = _push(hk, hn, nh, tx, x)
-                        continue
-                    alive[x] = False
-                    first[x] = -1
-                    free_nodes[n_free_nodes] = x
-                    n_free_nodes += 1
-                    y = parent[x]
-                    kids[y] -= 1
-                    if y != ROOT and lock[y] == 0 and kids[y] == 0:
-                        nh = _push(hk, hn, nh, time[y], y)
-            # S6 take the pages
-            free -= new_pages
-            kept = hit + new_pages
-            klen = kept if kept < keyable else keyable
-            # S7 insert the kept keyable pages
-            clock += 1
-            tw = clock
-            time[ROOT] = tw
-            node = ROOT
-            pos = 0
-            while pos < klen:
-                c = node_of[block[lo + pos]]
-                if c < 0 or first[c] != block[lo + pos]:
-                    break
-                k = 0
-                p = first[c]
-                while p >= 0 and pos + k < klen and p == block[lo + pos + k]:
-                    k += 1
-                    p = nxt_in[p]
-                pos += k
-                if k < length[c]:
-                    if refresh:
-                        time[c] = tw
-                        if kids[c] == 0 and lock[c] == 0:
-                            nh = _push(hk, hn, nh, tw, c)
-                    u = free_nodes[n_free_nodes - 1]
-                    n_free_nodes -= 1
-                    clock += 1
-                    alive[u] = True
-                    parent[u] = parent[c]
-                    time[u] = clock
-                    lock[u] = lock[c]
-                    kids[u] = 1
-                    first[u] = first[c]
-                    q = first[c]
-                    for _ in range(k - 1):
-                        node_of[q] = u
-                        q = nxt_in[q]
-                    node_of[q] = u
-                    lastp[u] = q
-                    length[u] = k
-                    first[c] = nxt_in[q]
-                    nxt_in[q] = -1
-                    prv_in[first[c]] = -1
-                    length[c] -= k
-                    parent[c] = u
-                    node = u
-                    break
-                time[c] = tw
-                if kids[c] == 0 and lock[c] == 0:
-                    nh = _push(hk, hn, nh, tw, c)
-                node = c
-            prefix = pos
-            if prefix < klen:  # the rest: one new leaf
-                u = free_nodes[n_free_nodes - 1]
-                n_free_nodes -= 1
-                clock += 1
-                alive[u] = True
-                parent[u] = node
-                time[u] = clock
-                lock[u] = 0
-                kids[u] = 0
-                kids[node] += 1
-                first[u] = block[lo + prefix]
-                prev = -1
-                for j in range(prefix, klen):
-                    q = block[lo + j]
-                    node_of[q] = u
-                    prv_in[q] = prev
-                    nxt_in[q] = -1
-                    if prev >= 0:
-                        nxt_in[prev] = q
-                    prev = q
-                lastp[u] = prev
-                length[u] = klen - prefix
-                tree += klen - prefix
-                nh = _push(hk, hn, nh, clock, u)
-            free += (prefix - hit) + (kept - klen)
-        # unlock the path
-        x = last
-        while x != ROOT:
-            lock[x] -= 1
-            if lock[x] == 0 and kids[x] == 0:
-                nh = _push(hk, hn, nh, time[x], x)
-            x = parent[x]
-        if nh > HC - 4 * (L + 4):  # compact: keep the entries that still describe an evictable leaf
-            j = 0
-            for i in range(nh):
-                x = hn[i]
-                if alive[x] and x != ROOT and lock[x] == 0 and kids[x] == 0 and time[x] == hk[i]:
-                    hk[j], hn[j] = hk[i], hn[i]
-                    j += 1
-            nh = 0
-            for i in range(j):
-                nh = _push(hk, hn, nh, hk[i], hn[i])
-
-
 def replay_sglang(block, tokens, req_start, n_ids: int, pools, page_tokens: int, rules: int = ALL_RULES):
     """Replay a whole trace once per pool size (pages): ``(hit_blocks int32[K, R],
-    rejected bool[K, R])``."""
+    rejected bool[K, R])``. The sequential mode is the in-flight replay with every
+    request arriving at 0 for 0 s (each try finds nothing running: the twin's
+    sequential mode), so one kernel holds the tree code."""
     block = np.ascontiguousarray(block, dtype=np.int64)
     tokens = np.ascontiguousarray(tokens, dtype=np.int64)
     lrs = np.ascontiguousarray(req_start, dtype=np.int64)
@@ -361,8 +100,13 @@ def replay_sglang(block, tokens, req_start, n_ids: int, pools, page_tokens: int,
     pools = [int(p) for p in np.asarray(pools).ravel()]
     hit = np.zeros((len(pools), R), dtype=np.int32)
     rej = np.zeros((len(pools), R), dtype=np.bool_)
+    zero = np.zeros(R, dtype=np.float64)
+    none = np.zeros(R, dtype=np.int64)  # no decode pages
+    wait = np.zeros(R, dtype=np.float64)
+    stats = np.zeros(2, dtype=np.float64)
     for k, P in enumerate(pools):
-        _replay(block, tokens, lrs, max(int(n_ids), 1), P, int(page_tokens), int(rules), hit[k], rej[k])
+        _replay_inflight(block, tokens, lrs, max(int(n_ids), 1), P, int(page_tokens), int(rules), zero, zero, none,
+                         hit[k], rej[k], wait, stats)
     return hit, rej
 
 
@@ -372,8 +116,7 @@ def _replay_inflight(block, tokens, req_start, n_ids, P, B, rules, arrival, dura
                      wait, stats):
     """Requests in flight (see :func:`replay_sglang_inflight`); ``stats`` = [time the
     queue's head waited for pages, span from the first arrival to the last completion].
-    The tree code is :func:`_replay`'s, the event loop that of
-    :func:`kvtrace.kernels.engine_vllm.replay_vllm_inflight`."""
+    The event loop is that of :func:`kvtrace.kernels.engine_vllm.replay_vllm_inflight`."""
     cap = (rules & LAST_TOKEN_CAP) != 0
     full_only = (rules & FULL_PAGES_ONLY) != 0
     reject = (rules & REJECT_OVERSIZE) != 0
