@@ -391,16 +391,26 @@ def test_kernel_equals_the_vllm_twin_per_request(seed):
 MOONCAKE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 
 
+def mooncake():
+    """The shared Mooncake trace, or skip the test when ``../shared`` is absent."""
+    if not MOONCAKE.is_file():
+        pytest.skip(f"shared trace not present: {MOONCAKE}")
+    return load_trace(MOONCAKE)
+
+
+def whole_arrays(trace):
+    """The kernels' inputs for the whole trace: block ids and tokens (int64), request offsets."""
+    ch = next(iter(trace.chunks(size=trace.n_accesses)))
+    return ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("in_flight", [False, True])
 def test_kernel_equals_the_vllm_twin_on_the_mooncake_trace(in_flight):
     """The first 4,000 requests of the real trace (the twin's lists cost O(pool) per
     operation), at three HBM-sized pools."""
-    if not MOONCAKE.is_file():
-        pytest.skip(f"shared trace not present: {MOONCAKE}")
-    trace = load_trace(MOONCAKE)
-    ch = next(iter(trace.chunks(size=trace.n_accesses)))
-    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    trace = mooncake()
+    block, tok, starts = whole_arrays(trace)
     B_ = trace.meta.block_tokens
     arrival = trace.request_timestamp
     duration = (trace.requests["input_tokens"].to_numpy() / 5000 + trace.requests["output_tokens"].to_numpy() / 50)
@@ -455,11 +465,8 @@ def test_sglang_kernel_equals_the_twin_per_request(seed):
 
 @pytest.mark.slow
 def test_sglang_kernel_equals_the_twin_on_the_mooncake_trace():
-    if not MOONCAKE.is_file():
-        pytest.skip(f"shared trace not present: {MOONCAKE}")
-    trace = load_trace(MOONCAKE)
-    ch = next(iter(trace.chunks(size=trace.n_accesses)))
-    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    trace = mooncake()
+    block, tok, starts = whole_arrays(trace)
     reqs = [{"blocks": block[starts[r]:starts[r + 1]].tolist(), "tokens": tok[starts[r]:starts[r + 1]].tolist()}
             for r in range(trace.n_requests)]
     pools = [16, 256, 1024, 4096, 16384]
@@ -583,8 +590,7 @@ def test_sglang_engine_curve_in_flight_is_the_kernel():
                        cache_decode=True)
     req = trace.requests
     inp, out = req["input_tokens"].to_numpy(), req["output_tokens"].fill_null(0).to_numpy()
-    ch = next(iter(trace.chunks(size=trace.n_accesses)))
-    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    block, tok, starts = whole_arrays(trace)
     decode = np.maximum(0, -(-(inp + out) // B_) - np.diff(starts))
     assert decode.any()
     for i, P in enumerate(pools):
@@ -627,11 +633,8 @@ def test_curve_command_with_sglang_rules_in_flight(tmp_path):
 def test_sglang_in_flight_kernel_equals_the_twin_on_the_mooncake_trace():
     """The first 4,000 requests of the real trace in flight (default service times), at
     three pool sizes, with and without decode pages."""
-    if not MOONCAKE.is_file():
-        pytest.skip(f"shared trace not present: {MOONCAKE}")
-    trace = load_trace(MOONCAKE)
-    ch = next(iter(trace.chunks(size=trace.n_accesses)))
-    block, tok, starts = ch.block.astype(np.int64), ch.tokens.astype(np.int64), ch.lrs
+    trace = mooncake()
+    block, tok, starts = whole_arrays(trace)
     B_ = trace.meta.block_tokens
     inp, out = trace.requests["input_tokens"].to_numpy(), trace.requests["output_tokens"].fill_null(0).to_numpy()
     duration = inp / 5000 + out / 50

@@ -125,6 +125,7 @@ def trace_service_times(requests: pl.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=np.float64)
     missing = ends.is_null().to_numpy()
     d = ends.to_numpy().astype(np.float64) - requests["timestamp"].to_numpy().astype(np.float64)
+
     def first(bad) -> str:  # a streamed trace may not keep request ids: then the row in trace order
         row = int(np.argmax(bad))
         return (f"request_id {requests['request_id'][row]}" if "request_id" in requests.columns
@@ -187,8 +188,9 @@ def request_sums(tokens, pos, block, size, lrs, block_tokens, cum):
     """Per access, the running sums within its request of the histogram weights of
     :func:`kvtrace.kernels.hitcurve.binned_hits_into` (``cum[t, w]`` = weight ``w`` of
     the request's accesses up to and including ``t``: count, tokens, block tokens,
-    prefill q; one access's four weights share a cache line). Computed once per chunk for every capacity; each is a sum of integers
-    below 2**53 (a request's q is at most its tokens squared), so exact."""
+    prefill q; one access's four weights share a cache line). Computed once per chunk
+    for every capacity; each is a sum of integers below 2**53 (a request's q is at most
+    its tokens squared), so exact."""
     bt = np.float64(block_tokens)
     for i in range(lrs.shape[0] - 1):
         c0 = c1 = c2 = c3 = 0.0
@@ -401,12 +403,10 @@ class _Whole:
                              f"need {format_bytes(need)}, only {format_bytes(room)} is {where} (--cache-rules vllm "
                              "without --in-flight streams in chunks)", field="cache-rules")
         parts = list(trace.chunks())
-        self.r, self.lo = 0, 0
         self.block = np.concatenate([c.block for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
         self.tokens = np.concatenate([c.tokens for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
         self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
         self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
-        self.hi = self.block.shape[0]
 
     def accumulate(self, hit, rej, size, B, first_req, req_group, pool) -> None:
         """:func:`_accumulate` of one pool's hits over the whole trace, in slices of
@@ -531,12 +531,10 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         if gi == (n_groups if by is not None else 0):
             out["rejected_request_share"] = np.array([p.rejected[0] / measured if measured else np.nan
                                                       for p in pools[:-1]])
-            # the engine's own metric: its prompt tokens are those of the requests it admitted
-            prompt = float(pools[-1].hist[0, :, :, 1].sum())
-            admitted = np.array([prompt - p.rejected[1] for p in pools[:-1]])
-            with np.errstate(invalid="ignore", divide="ignore"):
-                out["engine_prefix_token_hit_rate"] = np.where(admitted > 0, out["prefix_token_hit_rate"] * prompt
-                                                               / np.maximum(admitted, 1.0), np.nan)
+            # the engine's own metric: hit tokens over the prompt tokens of the requests it admitted
+            admitted = [p.hist[0, :, :, 1].sum() - p.rejected[1] for p in pools[:-1]]
+            out["engine_prefix_token_hit_rate"] = np.array([p.hist[0, :, 0, 1].sum() / n if n > 0 else np.nan
+                                                            for p, n in zip(pools[:-1], admitted)])
             if in_flight is not None:
                 for i, name in enumerate(("wait_mean_s", "wait_p99_s", "pool_full_share")):
                     out[name] = np.array([np.nan if p.wait[i] is None else p.wait[i] for p in pools[:-1]])

@@ -223,8 +223,8 @@ def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpe
                     load.prefill_tokens_per_s)
     try:
         result = simulate(trace, config, model=model, gpu=gpu, response=response, eviction=eviction,
-                          cache_rules=cache_rules, values=values, warmup=warmup, progress=progress, requests_table=False,
-                          on_chunk=demand.add)
+                          cache_rules=cache_rules, values=values, warmup=warmup, progress=progress,
+                          requests_table=False, on_chunk=demand.add)
     except BaseException:
         demand.close()
         raise

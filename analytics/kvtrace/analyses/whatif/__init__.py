@@ -118,6 +118,7 @@ from kvtrace.analyses.whatif.simulate import (
 from kvtrace.analyses.whatif.sweep import REPLAY_ACCESSES_PER_S, WORKER_START_S, plan_workers, sweep
 
 __all__ = ["FLASH_ORDERS", "MAX_NODES", "PROMOTIONS", "Policy", "REPLAY_ACCESSES_PER_S", "ROUTINGS", "TIER_RULES",
-           "TIER_RULE_TEXT", "TierConfig", "WORKER_START_S", "WRITE_MODES", "WhatIfResult", "config_grid", "has_session_ids", "local_vs_shared",
+           "TIER_RULE_TEXT", "TierConfig", "WORKER_START_S", "WRITE_MODES", "WhatIfResult", "config_grid",
+           "has_session_ids", "local_vs_shared",
            "oracle_flags", "parse_policy", "plan_workers", "route", "simulate", "summary_table", "sweep",
            "tier_rules", "tier_share", "trace_needs", "values_array"]
