@@ -20,10 +20,20 @@ kind:
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 from hypothesis import settings
+
+# Prepared traces (kvtrace.ingest.prepared) of the test run live in a directory of its
+# own, removed at exit: tests never read or fill the user's store, and the commands they
+# start inherit it.
+_PREPARED = tempfile.mkdtemp(prefix="kvtrace-test-prepared-")
+os.environ["KVTRACE_CACHE_DIR"] = _PREPARED
+atexit.register(shutil.rmtree, _PREPARED, True)
 
 settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("KVTRACE_CI") == "1":

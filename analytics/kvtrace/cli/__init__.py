@@ -6,7 +6,7 @@ print one line and exit 1 (bad option values exit 2); ``--debug`` shows the trac
 
 One module per command or family (``curve``, ``stats``, ``value``, ``whatif``,
 ``size``, ``estimate``, ``sql`` with ``export``, ``ingest`` with ``synth``, ``models``,
-``dashboard`` for ``kvtrace app``); what they share: :mod:`kvtrace.cli.options` (option
+``dashboard`` for ``kvtrace app``, ``cache``); what they share: :mod:`kvtrace.cli.options` (option
 definitions, the request-log options), :mod:`kvtrace.cli.inputs` (opening a trace,
 checking outputs), :mod:`kvtrace.cli.console` (printing, progress, ``--json``) and
 :mod:`kvtrace.cli.errors` (the one-line error contract). Formats come from
@@ -18,7 +18,7 @@ from __future__ import annotations
 import typer
 
 from kvtrace import __version__
-from kvtrace.cli import curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
+from kvtrace.cli import cache, curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
 from kvtrace.cli.console import console
 from kvtrace.cli.errors import OneLineUsageErrors, state
 
@@ -83,6 +83,7 @@ app.add_typer(estimate.estimate_app, name="estimate")
 app.command()(size.size)
 app.command()(sql.export)
 app.command()(sql.sql)
+app.command()(cache.cache)
 
 
 def main() -> None:

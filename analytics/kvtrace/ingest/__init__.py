@@ -9,13 +9,14 @@ Every command reads any of them directly: ingest is implicit.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from kvtrace.errors import KvtraceError, UsageError
-from kvtrace.ingest.guard import check_before_read, check_memory, reading
+from kvtrace.ingest.guard import check_before_read, check_memory, check_sizes, reading
 from kvtrace.trace import Trace, TraceMeta
 from kvtrace.ingest.canonical import (MAX_BLOCK_TOKENS, build_trace, distinct_blocks, prepare_requests, read_metadata,
                         requests_to_trace, write_canonical)
@@ -374,6 +375,29 @@ def load_trace(
     -------
     Trace
     """
+    from kvtrace.ingest import prepared
+
+    key = prepared.trace_key(path, _prepared_options(fmt, block_tokens, share_tenants, log))
+    hit = prepared.fetch(key)
+    if hit is not None:
+        trace, counts = hit
+        if workload is not None:  # the refusals of a build, in its order (the estimate, then the sizes)
+            check_before_read(path, fmt, workload)
+            check_sizes(workload, counts.accesses, counts.blocks, counts.requests, source=str(path))
+        return trace
     df, meta, warn = load_requests(path, fmt=fmt, block_tokens=block_tokens, share_tenants=share_tenants,
                                    workload=workload, log=log)
-    return build_trace(df, meta, warn)
+    trace = build_trace(df, meta, warn)
+    prepared.store_in_background(key, trace)
+    return trace
+
+
+def _prepared_options(fmt: str, block_tokens: int | None, share_tenants: bool, log: LogOptions | None) -> dict | None:
+    """What of a load's options shapes the trace, as the key of a prepared trace
+    (:mod:`kvtrace.ingest.prepared`); None: not prepared (a chat log, whose ids also
+    depend on a tokenizer's files)."""
+    log = log or LogOptions()
+    if fmt == "openai" or log.tokenizer is not None or log.chat_template is not None:
+        return None
+    return {"fmt": fmt, "block_tokens": block_tokens, "share_tenants": bool(share_tenants),
+            "log": dataclasses.asdict(log)}

@@ -143,7 +143,15 @@ def check_memory(df, meta, workload: str, *, source: str) -> None:
         return
     from kvtrace.ingest.canonical import distinct_blocks
 
-    m = distinct_blocks(df, meta)
+    check_sizes(workload, n, distinct_blocks(df, meta), r, source=source)
+
+
+def check_sizes(workload: str, n: int, m: int, r: int, *, source: str) -> None:
+    """As :func:`check_memory`, for a trace whose sizes are known: ``n`` block accesses,
+    ``m`` distinct blocks, ``r`` requests (a prepared trace's, :mod:`kvtrace.ingest.prepared`)."""
+    room, where = available_bytes()
+    if room is None:
+        return
     need = estimate_bytes(workload, n, m, r)
     if need <= room:
         return
