@@ -246,16 +246,21 @@ class _Evaluation:
 
 
 def evaluate_pass(passed: CurvePass, n_groups: int, grid: np.ndarray, a, b,
-                  hist: np.ndarray | None = None) -> _Evaluation:
+                  hist: np.ndarray | None = None, request_hists: tuple | None = None) -> _Evaluation:
     """Rates on ``grid`` from a pass's histogram (``hist``: another histogram of the
-    same pass, e.g. :attr:`CurvePass.at_capacity`'s) and its request keys."""
+    same pass, e.g. :attr:`CurvePass.at_capacity`'s) and its request keys, or
+    ``request_hists``: the requests per bin already counted (float64[n_groups, G + 2],
+    the request hits and the half-prefix ones, or None for the latter)."""
     kgrid = grid
     G = kgrid.shape[0]
     h = passed.hist if hist is None else hist
     rkeys, rmembers, hkeys = passed.request_keys, passed.request_members, passed.half_keys
     rweights, req_group = passed.request_weights, passed.request_group  # sampled: its first evaluated access's
-    rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
-    hh = None if hkeys is None else _request_hist(hkeys, rmembers, rweights, req_group, n_groups, kgrid)
+    if request_hists is not None:
+        rh, hh = request_hists
+    else:
+        rh = _request_hist(rkeys, rmembers, rweights, req_group, n_groups, kgrid)
+        hh = None if hkeys is None else _request_hist(hkeys, rmembers, rweights, req_group, n_groups, kgrid)
     any_h, pre_h = h[0], h[1]
     if req_group is not None:  # the last row is the whole trace
         any_h = np.concatenate([any_h, any_h.sum(axis=0, keepdims=True)])

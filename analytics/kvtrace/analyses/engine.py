@@ -29,6 +29,7 @@ histogram), with these differences, stated in ``info``:
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -207,30 +208,34 @@ def request_sums(tokens, pos, block, size, lrs, block_tokens, cum):
 
 
 @njit(**NJIT)
-def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, req_hit, half_hit, n_rejected):
+def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, req_hist, n_rejected):
     """Add one chunk's hits at one capacity: the one-capacity histogram ``hist[2,
     n_groups, 3, 4]`` (bin 0 hit, bin 2 miss; the weights of
-    :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, and per
-    request whether it hit and whether its hit covers half its prompt tokens. The hit
-    blocks of a request are its first ``hit_blocks``, so its hit and miss weights are
+    :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, and the
+    measured requests per group ``req_hist[2, n_groups, 3]`` (``[0]``: whether the
+    request hit, ``[1]``: whether its hit covers half its prompt tokens; bin 0 yes, bin
+    2 no: the bins :func:`kvtrace.analyses.curves.evaluate_pass` takes). The hit blocks
+    of a request are its first ``hit_blocks``, so its hit and miss weights are
     differences of :func:`request_sums`: O(1) per request and capacity."""
     grouped = req_group.shape[0] > 0
     G = hist.shape[1]
     loc = np.zeros((G, 2, 4), dtype=np.float64)  # the chunk's hit / miss weights per group, added at the end
     for i in range(lrs.shape[0] - 1):
         r = r0 + i
+        if r < first_req:
+            continue
         lo, hi = lrs[i], lrs[i + 1]
         h = hit_blocks[i]
+        g = req_group[r] if grouped else 0
         total = cum[hi - 1, 1] if hi > lo else 0.0
         got = cum[lo + h - 1, 1] if h > 0 else 0.0
-        req_hit[r] = h >= 1
-        half_hit[r] = hi > lo and got >= np.floor((total + 1.0) / 2.0)
-        if r < first_req or hi == lo:
+        req_hist[0, g, 0 if h >= 1 else 2] += 1.0
+        req_hist[1, g, 0 if hi > lo and got >= np.floor((total + 1.0) / 2.0) else 2] += 1.0
+        if hi == lo:
             continue
         if rejected[i]:
             n_rejected[0] += 1
             n_rejected[1] += np.int64(total)
-        g = req_group[r] if grouped else 0
         for w in range(4):
             on = cum[lo + h - 1, w] if h > 0 else 0.0
             loc[g, 0, w] += on
@@ -274,9 +279,9 @@ class _Pool:
         self.pages, self.n_ids = pages, n_ids
         self.state = self.slots = self.cached = None  # replay state: allocated by open(), dropped by close()
         self.hist = np.zeros((2, n_groups, 3, 4), dtype=np.float64)
-        self.req_hit = np.zeros(R, dtype=np.bool_)
-        self.half_hit = np.zeros(R, dtype=np.bool_)
+        self.req_hist = np.zeros((2, n_groups, 3), dtype=np.float64)  # measured requests: hit, half-prefix hit
         self.rejected = np.zeros(2, dtype=np.int64)  # measured requests rejected, their prompt tokens
+        self.hit = self.rej = None  # the last chunk's hits (replay -> accumulate)
 
     def open(self, vllm_state: bool) -> None:
         """Allocate the replay state (the unbounded ceiling's cached flags; with
@@ -288,24 +293,28 @@ class _Pool:
             self.slots = np.empty(max(self.pages, 1), dtype=np.int64)
 
     def close(self) -> None:
-        self.state = self.slots = self.cached = None
+        self.state = self.slots = self.cached = self.hit = self.rej = None
 
-    def step(self, ch, block, tokens, cum, B, rules, first_req, req_group):
-        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64, ``cum`` its
-        :func:`request_sums`) and add its hits."""
+    def replay(self, ch, block, tokens, B, rules) -> None:
+        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64)."""
         n = ch.lrs.shape[0] - 1
-        hit = np.zeros(n, dtype=np.int32)
-        rej = np.zeros(n, dtype=np.bool_)
+        self.hit = np.zeros(n, dtype=np.int32)
+        self.rej = np.zeros(n, dtype=np.bool_)
         if self.state is None:
-            _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
+            _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, self.hit)
         else:
-            V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, hit, rej)
-        _accumulate(hit, rej, cum, ch.lrs, ch.r, first_req, req_group, self.hist, self.req_hit, self.half_hit,
+            V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, self.hit, self.rej)
+
+    def accumulate(self, ch, cum, first_req, req_group) -> None:
+        """Add the hits of the chunk :meth:`replay` replayed (``cum``: its :func:`request_sums`)."""
+        _accumulate(self.hit, self.rej, cum, ch.lrs, ch.r, first_req, req_group, self.hist, self.req_hist,
                     self.rejected)
 
 
 def _state_bytes(pages: int, n_ids: int) -> int:
-    return 8 * (6 * max(pages, 0) + 2 * n_ids) + n_ids
+    """Bytes of one pool's replay state (:func:`kvtrace.kernels.engine_vllm.new_state`,
+    int32 indices, and its int64 slot scratch)."""
+    return 4 * (5 * max(pages, 0) + n_ids) + 8 * max(pages, 1)
 
 
 def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None,
@@ -366,16 +375,26 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     with ThreadPoolExecutor(threads) as ex:
         cum = np.empty((0, 4), dtype=np.float64)  # request_sums of a chunk, one buffer for every chunk
         for group in groups:  # a group's state exists only while its pass runs
-            for pool in group:
-                pool.open(vllm_state=True)
+            list(ex.map(lambda p: p.open(vllm_state=True), group))
             for ch in trace.chunks():
                 block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
                 tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
                 if cum.shape[0] < block.shape[0]:
                     cum = np.empty((block.shape[0], 4), dtype=np.float64)
-                request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
-                list(ex.map(lambda p: p.step(ch, block, tokens, cum, B, rules.bits, plan.first_req, req_group),
-                            group))
+                ready = threading.Event()  # the chunk's running sums, computed while the pools replay
+
+                def step(p, ch=ch, block=block, tokens=tokens, cum=cum, ready=ready):
+                    p.replay(ch, block, tokens, B, rules.bits)
+                    ready.wait()
+                    p.accumulate(ch, cum, plan.first_req, req_group)
+
+                steps = [ex.submit(step, p) for p in group]
+                try:
+                    request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
+                finally:
+                    ready.set()
+                for f in steps:
+                    f.result()
                 done += ch.hi - ch.lo
                 if progress is not None:
                     progress(done, total)
@@ -423,8 +442,8 @@ class _Whole:
                 cum = np.empty((hi - lo, 4), dtype=np.float64)
             sl = lrs[r:e + 1] - lo
             request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum)
-            _accumulate(hit[r:e], rej[r:e], cum, sl, r, first_req, req_group, pool.hist, pool.req_hit,
-                        pool.half_hit, pool.rejected)
+            _accumulate(hit[r:e], rej[r:e], cum, sl, r, first_req, req_group, pool.hist, pool.req_hist,
+                        pool.rejected)
             r = e
 
 
@@ -497,6 +516,10 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
     _each_pool(trace, pools, run, threads, progress)
 
 
+_NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_MEMBERS = np.empty(0, dtype=np.bool_)
+
+
 def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -> CurveResult:
     model, gpu, B, names, by, first_req = plan.model, plan.gpu, plan.block_tokens, plan.names, plan.by, \
         plan.first_req
@@ -506,9 +529,9 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
     group = plan.req_group
 
     def evaluation(pool, cap_tokens):
-        passed = CurvePass(pool.hist, np.where(pool.req_hit, 0, COLD).astype(np.int64), members, 0, None,
-                           half_keys=np.where(pool.half_hit, 0, COLD).astype(np.int64), request_group=group)
-        return evaluate_pass(passed, n_groups, np.array([max(cap_tokens, 1)], dtype=np.int64), a, b)
+        passed = CurvePass(pool.hist, _NO_KEYS, _NO_MEMBERS, 0, None, request_group=group)
+        return evaluate_pass(passed, n_groups, np.array([max(cap_tokens, 1)], dtype=np.int64), a, b,
+                             request_hists=(pool.req_hist[0], pool.req_hist[1]))
 
     evs = [evaluation(p, int(p.pages) * B) for p in pools[:-1]]
     top = evaluation(pools[-1], 1 << 62)

@@ -66,21 +66,24 @@ N_ST = 2
 
 def new_state(pool: int, n_ids: int):
     """The state of an empty pool of ``pool`` blocks: ``(st, prv, nxt, held, cprv, cnxt,
-    first_copy, last_copy)`` (every block free, in order; nothing cached)."""
+    first_copy)`` (every block free, in order; nothing cached). The copies of an id form
+    a ring through ``cprv``/``cnxt`` starting at ``first_copy`` (its oldest copy; the
+    newest is ``cprv[first_copy]``). int32 where every index fits (half the memory the
+    replay's random reads touch), else int64."""
     P = int(pool)
-    prv = np.arange(-1, P - 1, dtype=np.int64)
-    nxt = np.arange(1, P + 1, dtype=np.int64)
+    dt = np.int32 if max(P, int(n_ids)) < np.iinfo(np.int32).max else np.int64
+    prv = np.arange(-1, P - 1, dtype=dt)
+    nxt = np.arange(1, P + 1, dtype=dt)
     if P:
         nxt[-1] = -1
     st = np.array([0 if P else -1, P - 1], dtype=np.int64)
-    held = np.full(P, -1, dtype=np.int64)
-    return (st, prv, nxt, held, np.full(P, -1, dtype=np.int64), np.full(P, -1, dtype=np.int64),
-            np.full(int(n_ids), -1, dtype=np.int64), np.full(int(n_ids), -1, dtype=np.int64))
+    return (st, prv, nxt, np.full(P, -1, dtype=dt), np.full(P, -1, dtype=dt), np.full(P, -1, dtype=dt),
+            np.full(int(n_ids), -1, dtype=dt))
 
 
 @njit(**NJIT)
 def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, held, cprv, cnxt, first_copy,
-                 last_copy, slots, hit_blocks, rejected):
+                 slots, hit_blocks, rejected):
     """Replay the requests of one chunk (``lrs``: their offsets into ``block``/``tokens``)
     through one pool whose state the arrays hold (:func:`new_state`), updating it in
     place: ``hit_blocks[i]`` and ``rejected[i]`` of the chunk's request i. Feeding the
@@ -141,29 +144,32 @@ def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, he
             else:
                 tail = -1
             old = held[s]
-            if old >= 0:
+            if old >= 0:  # out of its id's ring of copies
                 a, b = cprv[s], cnxt[s]
-                if a >= 0:
+                if a == s:
+                    first_copy[old] = -1
+                else:
                     cnxt[a] = b
-                else:
-                    first_copy[old] = b
-                if b >= 0:
                     cprv[b] = a
-                else:
-                    last_copy[old] = a
+                    if first_copy[old] == s:
+                        first_copy[old] = b
                 held[s] = -1
             slots[j] = s
             t = lo + j
-            if not full_only or tokens[t] == block_tokens:
+            if not full_only or tokens[t] == block_tokens:  # the newest copy: last in the ring
                 bid = block[t]
                 held[s] = bid
-                cnxt[s] = -1
-                cprv[s] = last_copy[bid]
-                if last_copy[bid] >= 0:
-                    cnxt[last_copy[bid]] = s
-                else:
+                f = first_copy[bid]
+                if f < 0:
                     first_copy[bid] = s
-                last_copy[bid] = s
+                    cprv[s] = s
+                    cnxt[s] = s
+                else:
+                    a = cprv[f]
+                    cnxt[a] = s
+                    cprv[s] = a
+                    cnxt[s] = f
+                    cprv[f] = s
         # 6. free tail first (hashless blocks to the head, as a group in that order)
         ins = -1
         for j in range(nb - 1, -1, -1):
