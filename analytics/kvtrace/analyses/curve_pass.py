@@ -27,6 +27,8 @@ The sampled pass (:mod:`kvtrace.analyses.sampled`) and the partitioned one
 
 from __future__ import annotations
 
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -130,6 +132,15 @@ def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarr
     return keys
 
 
+def _buffers(buffers: list, i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Buffer pair ``i`` (int64 distances and usable distances) of at least ``n``, grown as needed."""
+    while len(buffers) <= i:
+        buffers.append((np.empty(0, np.int64), np.empty(0, np.int64)))
+    if buffers[i][0].shape[0] < n:
+        buffers[i] = (np.empty(n, np.int64), np.empty(n, np.int64))
+    return buffers[i][0][:n], buffers[i][1][:n]
+
+
 def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
                n_groups: int, *, distances: Distances | None = None, partitions: int = 1,
                progress: Callable[[int, int], None] | None = None) -> CurvePass:
@@ -169,33 +180,51 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
     keys = np.full(n_req, COLD, dtype=np.int64)
     half = np.full(n_req, COLD, dtype=np.int64)
     first_acc = int(rs[first_req]) if n_req else 0
-    top = 0
+    top = [0]
     usable_col = source.column("usable", np.int64)
+
+    def fold_in(ch, dist, usable):  # everything after the kernel, one chunk, in trace order
+        r, r_end, lo, hi, lrs = ch.r, ch.r_end, ch.lo, ch.hi, ch.lrs
+        if partitions > 1:
+            dist = partition_estimates(dist, size, ch.block, partitions)
+            usable = usable_distances(dist, lrs)
+        first = min(max(first_acc - lo, 0), hi - lo)
+        group = NO_GROUP if req_group is None else req_group[r + ch.local_req].astype(np.int32, copy=False)
+        binned_hits_into(hist, dist, usable, first, ch.tokens, ch.pos, ch.block, size, B, group, grid, NO_SCALE)
+        nonempty = lrs[1:] > lrs[:-1]
+        keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
+        half[r:r_end] = half_prefix_keys(usable, ch.tokens, lrs)
+        top[0] = max(top[0], int(max_finite(dist, first)), int(max_finite(usable, first)))
+        usable_col.write(lo, usable)
+        return hi
+
+    def done(future) -> None:  # progress is reported from the caller's thread
+        hi = future.result()
+        if progress is not None:
+            progress(hi, n)
+
     try:
-        with usable_col:
-            for ch in source.chunks():
-                r, r_end, lo, hi, lrs = ch.r, ch.r_end, ch.lo, ch.hi, ch.lrs
-                if fold is not None:  # a partition's usable distances are those of its estimates (below)
-                    dist, usable = fold.step(ch, usable=None if partitions == 1 else _NO_USABLE)
+        with usable_col, ThreadPoolExecutor(1, thread_name_prefix="kvtrace-fold") as after:
+            # the kernel of chunk k + 1 runs while one worker folds chunk k in (chunks in order,
+            # so the histogram's sums are added as before); two buffer pairs alternate
+            buffers: list[tuple[np.ndarray, np.ndarray]] = []
+            pending: deque = deque()
+            for k, ch in enumerate(source.chunks()):
+                if fold is None:
+                    dist, usable = distances.dist[ch.lo:ch.hi], distances.usable[ch.lo:ch.hi]
                 else:
-                    dist, usable = distances.dist[lo:hi], distances.usable[lo:hi]
-                if partitions > 1:
-                    dist = partition_estimates(dist, size, ch.block, partitions)
-                    usable = usable_distances(dist, lrs)
-                first = min(max(first_acc - lo, 0), hi - lo)
-                group = NO_GROUP if req_group is None else req_group[r + ch.local_req].astype(np.int32, copy=False)
-                binned_hits_into(hist, dist, usable, first, ch.tokens, ch.pos, ch.block, size, B, group, grid,
-                                 NO_SCALE)
-                nonempty = lrs[1:] > lrs[:-1]
-                keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
-                half[r:r_end] = half_prefix_keys(usable, ch.tokens, lrs)
-                top = max(top, int(max_finite(dist, first)), int(max_finite(usable, first)))
-                usable_col.write(lo, usable)
-                if progress is not None:
-                    progress(hi, n)
+                    while len(pending) > 1:  # the fold of chunk k - 2 held this buffer pair
+                        done(pending.popleft())
+                    dist, usable = _buffers(buffers, k % 2, ch.hi - ch.lo)
+                    # a partition's usable distances are those of its estimates (fold_in)
+                    dist, usable = fold.step(ch, dist=dist, usable=usable if partitions == 1 else _NO_USABLE)
+                pending.append(after.submit(fold_in, ch, dist, usable))
+            while pending:
+                done(pending.popleft())
     except BaseException:
         usable_col.drop()
         raise
+    top = top[0]
     reader = _UsableKeys(source, usable_col, first_acc, size, B, req_group, n_groups)
     members = np.arange(n_req) >= first_req
     return CurvePass(hist, keys, members, top, reader.in_ranges, half_keys=half, request_group=req_group,
