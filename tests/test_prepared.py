@@ -172,6 +172,9 @@ def test_a_damaged_entry_is_a_miss_and_is_replaced(store):
     assert_same(loaded(path), want)
     (entry / "trace.json").write_text("{not json")
     assert_same(loaded(path), want)
+    (entry / "requests.arrow").unlink()  # a file of the entry removed by hand
+    assert_same(loaded(path), want)
+    assert (entry / "requests.arrow").is_file()
 
 
 def test_switched_off_or_unwritable_stores_nothing_and_changes_nothing(tmp_path, monkeypatch):

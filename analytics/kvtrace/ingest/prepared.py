@@ -157,6 +157,8 @@ def fetch(key: str | None) -> tuple[Trace, Counts] | None:
     if key is None:
         return None
     d = _entry(key)
+    if not (d / "trace.json").is_file():  # absent (an entry is renamed into place whole)
+        return None
     try:
         info = json.loads((d / "trace.json").read_text())
         if info.get("format") != FORMAT:
@@ -165,9 +167,7 @@ def fetch(key: str | None) -> tuple[Trace, Counts] | None:
         requests = _map_table(d / "requests.arrow")
         if requests.height != info["counts"]["requests"]:
             raise ValueError("request count")
-    except FileNotFoundError:
-        return None
-    except Exception:  # a damaged or foreign entry: a miss, and out of the way
+    except Exception:  # a damaged, partly removed or foreign entry: a miss, and out of the way
         shutil.rmtree(d, ignore_errors=True)
         return None
     with contextlib.suppress(OSError):
