@@ -46,6 +46,7 @@ from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, LAST_TOKEN_CAP
 from kvtrace.kernels.stackdist import COLD
+from kvtrace.trace import Trace
 from kvtrace.trace.budget import memory_budget
 from kvtrace.units import format_bytes
 
@@ -421,11 +422,17 @@ class _Whole:
             raise UsageError(f"these rules replay the whole trace at once: its {trace.n_accesses:,} block accesses "
                              f"need {format_bytes(need)}, only {format_bytes(room)} is {where} (--cache-rules vllm "
                              "without --in-flight streams in chunks)", field="cache-rules")
+        self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
+        if isinstance(trace, Trace):  # in memory: the trace's own arrays (block ids not copied)
+            a = trace.accesses
+            self.block = np.ascontiguousarray(a.block, dtype=np.int64)
+            self.tokens = a.tokens.astype(np.int64)
+            self.pos = np.ascontiguousarray(a.pos, dtype=np.int32)
+            return
         parts = list(trace.chunks())
         self.block = np.concatenate([c.block for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
         self.tokens = np.concatenate([c.tokens for c in parts]).astype(np.int64) if parts else np.empty(0, np.int64)
         self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
-        self.lrs = np.ascontiguousarray(trace.req_start, dtype=np.int64)
 
     def accumulate(self, hit, rej, size, B, first_req, req_group, pool) -> None:
         """:func:`_accumulate` of one pool's hits over the whole trace, in slices of
