@@ -203,22 +203,24 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
         if progress is not None:
             progress(hi, n)
 
+    # In memory, the kernel of chunk k + 1 runs while one worker folds chunk k in (chunks in
+    # order, so the histogram's sums are added as before; two buffer pairs alternate). A
+    # streamed source holds one chunk at a time (its memory budget): no overlap there.
+    depth = 1 if source.spill is None else 0
     try:
         with usable_col, ThreadPoolExecutor(1, thread_name_prefix="kvtrace-fold") as after:
-            # the kernel of chunk k + 1 runs while one worker folds chunk k in (chunks in order,
-            # so the histogram's sums are added as before); two buffer pairs alternate
             buffers: list[tuple[np.ndarray, np.ndarray]] = []
             pending: deque = deque()
             for k, ch in enumerate(source.chunks()):
                 if fold is None:
                     dist, usable = distances.dist[ch.lo:ch.hi], distances.usable[ch.lo:ch.hi]
                 else:
-                    while len(pending) > 1:  # the fold of chunk k - 2 held this buffer pair
-                        done(pending.popleft())
                     dist, usable = _buffers(buffers, k % 2, ch.hi - ch.lo)
                     # a partition's usable distances are those of its estimates (fold_in)
                     dist, usable = fold.step(ch, dist=dist, usable=usable if partitions == 1 else _NO_USABLE)
                 pending.append(after.submit(fold_in, ch, dist, usable))
+                while len(pending) > depth:  # before the next chunk is read: at most depth + 1 alive
+                    done(pending.popleft())
             while pending:
                 done(pending.popleft())
     except BaseException:
