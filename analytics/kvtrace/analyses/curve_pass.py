@@ -132,15 +132,6 @@ def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarr
     return keys
 
 
-def _buffers(buffers: list, i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Buffer pair ``i`` (int64 distances and usable distances) of at least ``n``, grown as needed."""
-    while len(buffers) <= i:
-        buffers.append((np.empty(0, np.int64), np.empty(0, np.int64)))
-    if buffers[i][0].shape[0] < n:
-        buffers[i] = (np.empty(n, np.int64), np.empty(n, np.int64))
-    return buffers[i][0][:n], buffers[i][1][:n]
-
-
 def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_group: np.ndarray | None,
                n_groups: int, *, distances: Distances | None = None, partitions: int = 1,
                progress: Callable[[int, int], None] | None = None) -> CurvePass:
@@ -175,7 +166,8 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
     n = source.n_accesses
     grid = np.ascontiguousarray(grid, dtype=np.int64)
     size = np.ascontiguousarray(source.block_size, dtype=np.int64)
-    fold = StackFold(size, ev) if distances is None else None
+    depth = 1 if source.spill is None else 0  # chunks folded in while the next one's kernel runs
+    fold = StackFold(size, ev, buffers=depth + 1) if distances is None else None
     hist = np.zeros((2, n_groups, grid.shape[0] + 2, 4), dtype=np.float64)
     keys = np.full(n_req, COLD, dtype=np.int64)
     half = np.full(n_req, COLD, dtype=np.int64)
@@ -204,20 +196,16 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
             progress(hi, n)
 
     # In memory, the kernel of chunk k + 1 runs while one worker folds chunk k in (chunks in
-    # order, so the histogram's sums are added as before; two buffer pairs alternate). A
-    # streamed source holds one chunk at a time (its memory budget): no overlap there.
-    depth = 1 if source.spill is None else 0
+    # order, so the histogram's sums are added as before; the fold's two buffer pairs
+    # alternate). A streamed source holds one chunk at a time (its memory budget): no overlap.
     try:
         with usable_col, ThreadPoolExecutor(1, thread_name_prefix="kvtrace-fold") as after:
-            buffers: list[tuple[np.ndarray, np.ndarray]] = []
             pending: deque = deque()
-            for k, ch in enumerate(source.chunks()):
+            for ch in source.chunks():
                 if fold is None:
                     dist, usable = distances.dist[ch.lo:ch.hi], distances.usable[ch.lo:ch.hi]
-                else:
-                    dist, usable = _buffers(buffers, k % 2, ch.hi - ch.lo)
-                    # a partition's usable distances are those of its estimates (fold_in)
-                    dist, usable = fold.step(ch, dist=dist, usable=usable if partitions == 1 else _NO_USABLE)
+                else:  # a partition's usable distances are those of its estimates (fold_in)
+                    dist, usable = fold.step(ch, usable=None if partitions == 1 else _NO_USABLE)
                 pending.append(after.submit(fold_in, ch, dist, usable))
                 while len(pending) > depth:  # before the next chunk is read: at most depth + 1 alive
                     done(pending.popleft())

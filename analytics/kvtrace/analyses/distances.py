@@ -77,7 +77,9 @@ class StackFold:
     Carried state: the kernel's :class:`kvtrace.kernels.stackdist.StackState`
     (O(distinct blocks)), so the distances of a chunk are those of the whole trace,
     whatever the chunking. :meth:`step` writes into the arrays given, or into buffers
-    of its own reused from chunk to chunk (valid until the next step).
+    of its own reused from chunk to chunk: ``buffers`` pairs taken in turn, so a step's
+    outputs stay valid until ``buffers`` more steps have run (2: one chunk's outputs
+    can be folded in while the kernel runs the next).
 
     Parameters
     ----------
@@ -87,30 +89,36 @@ class StackFold:
         ``prefix-aware`` or ``flat`` (normalised).
     track_requests : bool
         Keep each block's last request, for the previous-touch request output.
+    buffers : int
+        Output buffer pairs taken in turn (default 1).
     """
 
-    def __init__(self, block_size: np.ndarray, eviction: str, *, track_requests: bool = False) -> None:
+    def __init__(self, block_size: np.ndarray, eviction: str, *, track_requests: bool = False,
+                 buffers: int = 1) -> None:
         self.size = np.ascontiguousarray(block_size, dtype=np.int64)
         self.prefix_aware = eviction == "prefix-aware"
         self.state = StackState(self.size.shape[0])
         if not track_requests:  # no previous-request output: 8 bytes per block saved
             self.state.last_request = _EMPTY
-        self._dist = np.empty(0, dtype=np.int64)
-        self._usable = np.empty(0, dtype=np.int64)
+        self._buffers = [[np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)] for _ in range(max(1, buffers))]
+        self._turn = 0
 
     def step(self, ch, *, dist: np.ndarray | None = None, usable: np.ndarray | None = None,
              prev: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(dist, usable)`` of the chunk's accesses (tokens; COLD for a first access).
         An empty ``usable`` or ``prev`` array skips that output."""
         n = ch.hi - ch.lo
-        if dist is None:
-            if self._dist.shape[0] < n:
-                self._dist = np.empty(n, dtype=np.int64)
-            dist = self._dist[:n]
-        if usable is None:
-            if self._usable.shape[0] < n:
-                self._usable = np.empty(n, dtype=np.int64)
-            usable = self._usable[:n]
+        if dist is None or usable is None:
+            pair = self._buffers[self._turn]  # [dist, usable], each grown only when used
+            self._turn = (self._turn + 1) % len(self._buffers)
+            if dist is None:
+                if pair[0].shape[0] < n:
+                    pair[0] = np.empty(n, dtype=np.int64)
+                dist = pair[0][:n]
+            if usable is None:
+                if pair[1].shape[0] < n:
+                    pair[1] = np.empty(n, dtype=np.int64)
+                usable = pair[1][:n]
         stack_distances_chunk(ch.block, self.size, ch.lrs, ch.r, self.prefix_aware, *self.state.arrays(), dist,
                               _EMPTY if prev is None else prev, usable)
         return dist, usable

@@ -3,6 +3,8 @@ commands map instead of decoding their trace again."""
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from kvtrace.cli.console import console
@@ -25,7 +27,7 @@ def cache(
 
     root = prepared.cache_root()
     if root is None:
-        console.print(f"prepared traces are off ({prepared.CACHE_DIR_ENV}={_env(prepared.CACHE_DIR_ENV)})",
+        console.print(f"prepared traces are off ({prepared.CACHE_DIR_ENV}={os.environ.get(prepared.CACHE_DIR_ENV, '')})",
                       markup=False)
         return
     if clear:
@@ -37,8 +39,3 @@ def cache(
     console.print(f"{root}: {len(found):,} prepared trace{'' if len(found) == 1 else 's'}, {format_bytes(total)} "
                   f"(at most {format_bytes(prepared.max_bytes())}, least recently used removed first)", markup=False)
 
-
-def _env(name: str) -> str:
-    import os
-
-    return os.environ.get(name, "")
