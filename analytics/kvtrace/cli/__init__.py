@@ -15,7 +15,10 @@ checking outputs), :mod:`kvtrace.cli.console` (printing, progress, ``--json``) a
 
 from __future__ import annotations
 
+import sys
+
 import typer
+
 
 from kvtrace import __version__
 from kvtrace.cli import cache, curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
@@ -104,4 +107,27 @@ def main() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, terminated)
-    app()
+    try:
+        app()
+    except SystemExit as stop:
+        _exit(stop.code)
+
+
+def _exit(code) -> None:
+    """End the process the way ``SystemExit(code)`` would, without the interpreter's
+    teardown: exit handlers run (a prepared trace still being stored is waited for) and
+    the output streams are flushed, then the process ends at once; freeing the
+    analysis's arrays one by one only delays the return to the shell."""
+    import atexit
+    import os
+
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    os._exit(code or 0)

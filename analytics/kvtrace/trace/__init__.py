@@ -172,10 +172,19 @@ class Trace(ChunkedSource):
         block = self.accesses.block
         return lambda lo, hi: block[lo:hi]
 
-    def _layout(self, r: int, r_end: int, lo: int):
+    def first_blocks(self) -> np.ndarray:
+        """int64[R]: the first block of each request (-1 for a request without blocks)."""
+        rs = self.accesses.req_start
+        first = np.full(rs.shape[0] - 1, -1, dtype=np.int64)
+        has = rs[1:] > rs[:-1]
+        first[has] = self.accesses.block[rs[:-1][has]]
+        return first
+
+    def _layout(self, r: int, r_end: int, lo: int, local_req: bool = True):
         a = self.accesses
         hi = int(a.req_start[r_end])
-        return a.req_start[r:r_end + 1] - lo, a.tokens[lo:hi], a.pos[lo:hi], a.request[lo:hi] - r
+        return (a.req_start[r:r_end + 1] - lo, a.tokens[lo:hi], a.pos[lo:hi],
+                a.request[lo:hi] - r if local_req else None)
 
     def column(self, name: str, dtype) -> Column:
         """A per-access column for a later pass (a numpy array)."""

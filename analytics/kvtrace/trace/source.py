@@ -183,7 +183,8 @@ class TraceSource(Protocol):
     def duration(self) -> float: ...
 
     def chunks(self, *, blocks: bool = True, layout: bool = True, columns: Sequence[Column] = (),
-               size: int | None = None, reverse: bool = False, block_dtype=np.int64) -> Iterator[AccessChunk]: ...
+               size: int | None = None, reverse: bool = False, block_dtype=np.int64,
+               local_req: bool = True) -> Iterator[AccessChunk]: ...
 
     def column(self, name: str, dtype) -> Column: ...
 
@@ -198,7 +199,8 @@ class ChunkedSource:
     :meth:`_last_block_tokens` (tokens of each request's last block)."""
 
     def chunks(self, *, blocks: bool = True, layout: bool = True, columns: Sequence[Column] = (),
-               size: int | None = None, reverse: bool = False, block_dtype=np.int64) -> Iterator[AccessChunk]:
+               size: int | None = None, reverse: bool = False, block_dtype=np.int64,
+               local_req: bool = True) -> Iterator[AccessChunk]:
         """Chunks of whole requests, about ``size`` accesses each (default
         :data:`CHUNK_ACCESSES`, read at each call).
 
@@ -213,6 +215,9 @@ class ChunkedSource:
             Per-access columns of this source to read alongside (``chunk.extra``).
         reverse : bool
             Last chunk first (backward passes).
+        local_req : bool
+            With ``layout``, also each access's request within the chunk (``local_req``;
+            an in-memory trace skips computing it when not asked).
         """
         rs = self.req_start
         spans = request_chunks(rs, CHUNK_ACCESSES if size is None else size)
@@ -226,10 +231,10 @@ class ChunkedSource:
                     block = block_reader(lo, hi)
                     if block_dtype is not None:
                         block = block.astype(block_dtype, copy=False)
-                lrs = tokens = pos = local_req = None
+                lrs = tokens = pos = req = None
                 if layout:
-                    lrs, tokens, pos, local_req = self._layout(r, r_end, lo)
-                yield AccessChunk(r, r_end, lo, hi, block, tokens, pos, lrs, local_req,
+                    lrs, tokens, pos, req = self._layout(r, r_end, lo, local_req)
+                yield AccessChunk(r, r_end, lo, hi, block, tokens, pos, lrs, req,
                                   tuple(read(lo, hi) for read in readers))
         finally:
             for read in readers:
@@ -246,8 +251,9 @@ class ChunkedSource:
             first[ch.r:ch.r_end][ne] = ch.block[ch.lrs[:-1][ne]]
         return first
 
-    def _layout(self, r: int, r_end: int, lo: int):
-        """Local offsets, tokens (int32) and positions (int32) of requests r..r_end-1."""
+    def _layout(self, r: int, r_end: int, lo: int, local_req: bool = True):
+        """Local offsets, tokens (int32), positions (int32) and each access's local
+        request of requests r..r_end-1."""
         lrs = self.req_start[r:r_end + 1] - lo
         m = int(lrs[-1])
         tokens = np.full(m, self.meta.block_tokens, dtype=np.int32)
