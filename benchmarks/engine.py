@@ -3,8 +3,10 @@
 Issue targets, on the ~30M-access (~2M-request) synthetic chat trace of curve.py
 (canonical Parquet):
 
-1. ``engine_vllm.replay_chunk`` replays >= 10M accesses/s per capacity, one thread, at
-   every pool size measured (small, about the knee, large);
+1. the per-capacity simulation runs >= 10M accesses/s per capacity, one thread:
+   ``engine_vllm.replay_chunk`` (one pool per replay) at every pool size measured
+   (small, about the knee, large), and ``engine_vllm_multi`` (the pools of the curve's
+   grid that hold the longest request, in one pass: pools x accesses / time);
 2. ``kvtrace curve TRACE --cache-rules vllm --points 20 --out OUT`` end to end (the
    trace prepared by an earlier command, :mod:`kvtrace.ingest.prepared`, as a user's
    second command finds it; the same command with ``KVTRACE_CACHE_DIR=off`` beside it) in <= 2x
@@ -32,10 +34,11 @@ How each figure is taken:
   vLLM curve's usable-prefix token hit rate, and every distinct block;
 - breakdown (in this process; ``--skip-breakdown``): ``load_trace`` from Parquet, then
   ``engine_curve(trace, "vllm", points=20)`` on one thread with its parts timed by
-  wrapping them (plan, pool-state allocation, ``replay_chunk``, the unbounded ceiling
-  replay, ``request_sums`` per chunk, ``_accumulate`` per chunk and capacity, ``_result``'s evaluation; the rest is
-  chunk layout and per-step arrays), and on the default threads (one per core) untimed
-  in parts; the curve table is checked against the command's ``--out``.
+  wrapping them (plan, pool-state allocation, the shared pass ``multi_chunk``,
+  ``replay_chunk`` of the smaller pools, the unbounded ceiling replay, the per-request
+  weights per chunk, ``_accumulate_many`` per chunk, ``_result``'s evaluation; the rest
+  is chunk layout and per-step arrays), and on the default threads (one per core)
+  untimed in parts; the curve table is checked against the command's ``--out``.
 
 Run from the repository root::
 
@@ -187,6 +190,21 @@ class Timers:
         self._undo.clear()
 
 
+def multi_seconds(block, tokens, lrs, n_ids: int, pools, B: int, repeat: int) -> float:
+    """Best wall time of one shared pass (``engine_vllm_multi.replay_multi``) over the
+    whole stream at ``pools`` (each holding the longest request)."""
+    from kvtrace.kernels import engine_vllm as V
+    from kvtrace.kernels import engine_vllm_multi as M
+
+    M.replay_multi(block[: int(lrs[64])], tokens[: int(lrs[64])], lrs[:65], n_ids, pools, B, V.ALL_RULES)
+    best = math.inf
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        M.replay_multi(block, tokens, lrs, n_ids, pools, B, V.ALL_RULES)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def warm_up_engine() -> float:
     """Compile (or load from the on-disk cache) the engine kernels on a small trace."""
     from kvtrace.analyses.engine import engine_curve
@@ -207,6 +225,7 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
     from kvtrace.analyses import engine as E
     from kvtrace.ingest import load_trace
     from kvtrace.kernels import engine_vllm as V
+    from kvtrace.kernels import engine_vllm_multi as M
     from kvtrace.model import resolve_model
 
     bad: list[str] = []
@@ -222,9 +241,12 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
     timers.wrap(E, "plan_curve", "plan")
     timers.wrap(V, "new_state", "state")
     timers.wrap(V, "replay_chunk", "replay")
+    timers.wrap(M.MultiState, "__init__", "multi_state")
+    timers.wrap(M, "multi_chunk", "multi")
     timers.wrap(E, "_unbounded_chunk", "unbounded")
     timers.wrap(E, "request_sums", "sums")
-    timers.wrap(E, "_accumulate", "accumulate")
+    timers.wrap(E, "request_totals", "totals")
+    timers.wrap(E, "_accumulate_many", "accumulate")
     timers.wrap(E, "_result", "evaluate")
     try:
         t0 = time.perf_counter()
@@ -257,21 +279,27 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
     r.add(f"`engine` breakdown: engine_curve(vllm, {POINTS} points), one thread, total",
           f"{one_s:.2f} s ({K} pool sizes + the unbounded ceiling, {(K + 1) * n / one_s / 1e6:.2f}M replayed "
           f"accesses/s overall)")
+    shared = sum(1 for p in res1.curve["capacity_blocks"].to_numpy() if p >= int(np.diff(trace.req_start).max()))
     parts = [("plan_curve", S["plan"]), (f"new_state x{C['state']} (pool-state allocation)", S["state"]),
-             (f"replay_chunk x{C['replay']}", S["replay"]), (f"unbounded ceiling x{C['unbounded']}", S["unbounded"]),
-             (f"request_sums x{C['sums']} (per-request running weights, once per chunk)", S["sums"]),
-             (f"_accumulate x{C['accumulate']} (hits into histograms)", S["accumulate"]),
+             ("MultiState (the shared pass's stack)", S["multi_state"]),
+             (f"multi_chunk x{C['multi']} (the pools holding the longest request, one pass)", S["multi"]),
+             (f"replay_chunk x{C['replay']} (the smaller pools, one replay each)", S["replay"]),
+             (f"unbounded ceiling x{C['unbounded']}", S["unbounded"]),
+             (f"request_totals x{C['totals']} + request_sums x{C['sums']} (per-request weights, once per chunk)",
+              S["totals"] + S["sums"]),
+             (f"_accumulate_many x{C['accumulate']} (hits into histograms)", S["accumulate"]),
              ("_result (evaluation, tables, knees)", S["evaluate"]),
              ("the rest (chunk layout, per-step arrays, pool arrays)", rest)]
     r.add("`engine` breakdown: its parts, one thread",
           "; ".join(f"{k} {s:.2f} s ({100 * s / one_s:.0f} %)" for k, s in parts)
-          + f"; replay_chunk alone {K * n / max(S['replay'], 1e-9) / 1e6:.2f}M accesses/s per capacity")
+          + f"; {shared} of the {K} pool sizes in the shared pass")
     r.add(f"`engine` breakdown: engine_curve(vllm, {POINTS} points), default threads ({threads})",
           f"{default_s:.2f} s = {one_s / default_s:.2f}x the one-thread time")
     if "vllm" in e2e:
         r.add("`engine` breakdown: curve --cache-rules vllm end to end minus load_trace and engine_curve "
               "(default threads): start-up, render, write", f"{e2e['vllm'] - load_s - default_s:.2f} s",
               command=curve_cmd)
+    grid_pools = res.curve["capacity_blocks"].to_numpy()
     rate_col = "prefix_token_hit_rate"
     knee_tokens = {float(f): tok for f, tok in res.knees.filter(pl.col("metric") == rate_col)
                    .select("fraction", "capacity_tokens").iter_rows()}
@@ -298,6 +326,13 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
               f"best of {args.repeat}",
               f"{s:.2f} s = {fmt_rate(n / s)} ({share:.1%} of accesses hit, {rej:.2%} of requests rejected)",
               f">= {fmt_rate(KERNEL_TARGET)}", n / s >= KERNEL_TARGET)
+    big = [int(p) for p in grid_pools if p >= int(np.diff(lrs).max())]
+    if len(big) > 1:
+        s = multi_seconds(block, tokens, lrs, n_ids, big, B, args.repeat)
+        r.add(f"engine_vllm_multi: the {len(big)} pool sizes of the {POINTS}-point grid from "
+              f"{big[0]:,} to {big[-1]:,} blocks in one pass, one thread, best of {args.repeat}",
+              f"{s:.2f} s = {fmt_rate(len(big) * n / s)} per capacity", f">= {fmt_rate(KERNEL_TARGET)}",
+              len(big) * n / s >= KERNEL_TARGET)
     r.note(f"Kernel warm-up (small synthetic trace, JIT or on-disk cache) before the in-process timings took "
            f"{jit_s:.1f} s.")
     return bad

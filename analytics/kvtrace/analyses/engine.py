@@ -3,11 +3,16 @@ prefix-cache rules (``--cache-rules vllm|sglang``) instead of kvtrace's ideal
 request-atomic LRU (``ideal``, :func:`kvtrace.analyses.curves.compute_curve`).
 
 The engines' rules break the stack property (a recomputed last block cached twice,
-requests larger than the pool rejected, whole radix leaves evicted), so a curve is one
-exact replay per capacity (:mod:`kvtrace.kernels.engine_vllm`,
-:mod:`kvtrace.kernels.engine_sglang`), on a thinned grid: about
-:data:`ENGINE_POINTS` log-spaced pool sizes from one block to every distinct block (or
-the capacities asked for), each a whole number of blocks (a pool holds full blocks).
+requests larger than the pool rejected, whole radix leaves evicted), so a curve is
+replayed exactly at each capacity of a thinned grid: about :data:`ENGINE_POINTS`
+log-spaced pool sizes from one block to every distinct block (or the capacities asked
+for), each a whole number of blocks (a pool holds full blocks). SGLang's pools are one
+replay each (:mod:`kvtrace.kernels.engine_sglang`); vLLM's pools that hold the longest
+request share one pass (:mod:`kvtrace.kernels.engine_vllm_multi`: the cached ids are
+always the most recently accessed ones, so one stack serves every pool and only the
+older copies a pool still holds are per pool), the smaller ones, which reject requests,
+are one replay each (:mod:`kvtrace.kernels.engine_vllm`); both are the same replay,
+request for request (tested).
 The tables are the ideal curve's, metric for metric, computed from each replay's hits
 by the same evaluation (:func:`kvtrace.analyses.curves.evaluate_pass` on a one-capacity
 histogram), with these differences, stated in ``info``:
@@ -44,6 +49,7 @@ from kvtrace.config import NJIT
 from kvtrace.errors import UsageError
 from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
+from kvtrace.kernels import engine_vllm_multi as M
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, LAST_TOKEN_CAP
 from kvtrace.kernels.stackdist import COLD
 from kvtrace.trace import Trace
@@ -249,6 +255,87 @@ def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, 
 
 
 @njit(**NJIT)
+def request_totals(tokens, pos, block, size, lrs, block_tokens, tot):
+    """Per request, the sums of :func:`request_sums` over all its accesses (``tot[i, w]``)."""
+    bt = np.float64(block_tokens)
+    for i in range(lrs.shape[0] - 1):
+        c0 = c1 = c2 = c3 = 0.0
+        for t in range(lrs[i], lrs[i + 1]):
+            k = np.float64(tokens[t])
+            c0 += 1.0
+            c1 += k
+            c2 += np.float64(size[block[t]])
+            c3 += k * (np.float64(pos[t]) * bt) + k * (k - 1.0) * 0.5
+        tot[i, 0] = c0
+        tot[i, 1] = c1
+        tot[i, 2] = c2
+        tot[i, 3] = c3
+
+
+@njit(**NJIT)
+def _accumulate_many(hit_blocks, rejected, cum, tot, block_tokens, lrs, r0, first_req, req_group, hists, req_hists,
+                     n_rejected):
+    """:func:`_accumulate` of one chunk at several capacities (``hit_blocks[k, i]``,
+    ``rejected[k, i]`` or an empty second axis when none rejects, ``hists[k]``,
+    ``req_hists[k]``, ``n_rejected[k]``): one sweep over the requests.
+
+    A request's hit weights are its running sums (``cum``, :func:`request_sums`) at its
+    last hit block; when only full blocks can hit (the last-token cap or full blocks
+    only: ``cum`` empty) they are a function of the hit count ``h`` alone (``h`` blocks,
+    ``h x B`` tokens and block tokens, prefill ``B^2 h(h-1)/2 + h B(B-1)/2``: the same
+    integers :func:`request_sums` adds), and the misses are the request's totals ``tot``
+    minus the hits."""
+    grouped = req_group.shape[0] > 0
+    rejects = rejected.shape[1] > 0
+    closed = cum.shape[0] == 0
+    bt = np.float64(block_tokens)
+    K = hit_blocks.shape[0]
+    G = hists.shape[2]
+    loc = np.zeros((K, G, 2, 4), dtype=np.float64)
+    on = np.zeros(4, dtype=np.float64)
+    for i in range(lrs.shape[0] - 1):
+        r = r0 + i
+        if r < first_req:
+            continue
+        lo, hi = lrs[i], lrs[i + 1]
+        g = req_group[r] if grouped else 0
+        if hi == lo:
+            for k in range(K):
+                req_hists[k, 0, g, 2] += 1.0
+                req_hists[k, 1, g, 2] += 1.0
+            continue
+        total = tot[i, 1]
+        half = np.floor((total + 1.0) / 2.0)
+        for k in range(K):
+            h = hit_blocks[k, i]
+            if rejects and rejected[k, i]:
+                n_rejected[k, 0] += 1
+                n_rejected[k, 1] += np.int64(total)
+            if h == 0:
+                on[:] = 0.0
+            elif closed:
+                fh = np.float64(h)
+                on[0] = fh
+                on[1] = fh * bt
+                on[2] = fh * bt
+                on[3] = bt * bt * (fh * (fh - 1.0) * 0.5) + fh * (bt * (bt - 1.0) * 0.5)
+            else:
+                for w in range(4):
+                    on[w] = cum[lo + h - 1, w]
+            req_hists[k, 0, g, 0 if h >= 1 else 2] += 1.0
+            req_hists[k, 1, g, 0 if on[1] >= half else 2] += 1.0
+            for w in range(4):
+                loc[k, g, 0, w] += on[w]
+                loc[k, g, 1, w] += tot[i, w] - on[w]
+    for k in range(K):
+        for g in range(G):
+            for w in range(4):
+                for x in range(2):
+                    hists[k, x, g, 0, w] += loc[k, g, 0, w]
+                    hists[k, x, g, 2, w] += loc[k, g, 1, w]
+
+
+@njit(**NJIT)
 def _unbounded_chunk(block, tokens, lrs, block_tokens, rules, cached, hit_blocks):
     """The rules at an unbounded pool: a block hits once an earlier request cached it
     (its leading run, within the cap), every hashable block is cached."""
@@ -282,7 +369,6 @@ class _Pool:
         self.hist = np.zeros((2, n_groups, 3, 4), dtype=np.float64)
         self.req_hist = np.zeros((2, n_groups, 3), dtype=np.float64)  # measured requests: hit, half-prefix hit
         self.rejected = np.zeros(2, dtype=np.int64)  # measured requests rejected, their prompt tokens
-        self.hit = self.rej = None  # the last chunk's hits (replay -> accumulate)
 
     def open(self, vllm_state: bool) -> None:
         """Allocate the replay state (the unbounded ceiling's cached flags; with
@@ -294,22 +380,16 @@ class _Pool:
             self.slots = np.empty(max(self.pages, 1), dtype=np.int64)
 
     def close(self) -> None:
-        self.state = self.slots = self.cached = self.hit = self.rej = None
+        self.state = self.slots = self.cached = None
 
-    def replay(self, ch, block, tokens, B, rules) -> None:
-        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64)."""
-        n = ch.lrs.shape[0] - 1
-        self.hit = np.zeros(n, dtype=np.int32)
-        self.rej = np.zeros(n, dtype=np.bool_)
+    def replay(self, ch, block, tokens, B, rules, hit, rej) -> None:
+        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64): each request's hit
+        blocks into ``hit``, whether it was rejected into ``rej``."""
         if self.state is None:
-            _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, self.hit)
+            _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
         else:
-            V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, self.hit, self.rej)
+            V.replay_chunk(block, tokens, ch.lrs, self.pages, B, rules, *self.state, self.slots, hit, rej)
 
-    def accumulate(self, ch, cum, first_req, req_group) -> None:
-        """Add the hits of the chunk :meth:`replay` replayed (``cum``: its :func:`request_sums`)."""
-        _accumulate(self.hit, self.rej, cum, ch.lrs, ch.r, first_req, req_group, self.hist, self.req_hist,
-                    self.rejected)
 
 
 def _state_bytes(pages: int, n_ids: int) -> int:
@@ -356,15 +436,6 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     req_group = np.empty(0, dtype=np.int32) if plan.req_group is None else plan.req_group.astype(np.int32)
     pools = [_Pool(int(p), n_ids, R, n_groups) for p in order_pages] + [_Pool(-1, n_ids, R, n_groups)]
     threads = max(1, threads or os.cpu_count() or 1)
-    groups, cur, used = [], [], 0
-    for pool in pools:  # capacities replayed together while their state fits the budget
-        need = _state_bytes(pool.pages, n_ids)
-        if cur and used + need > STATE_BUDGET_BYTES:
-            groups.append(cur)
-            cur, used = [], 0
-        cur.append(pool)
-        used += need
-    groups.append(cur)
     if in_flight:
         _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cache_decode, threads, progress)
         return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt,
@@ -372,36 +443,164 @@ def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=Non
     if rules.name == "sglang":
         _whole_trace(trace, pools, rules, B, size, plan, req_group, threads, progress)
         return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
-    done, total = 0, len(groups) * trace.n_accesses
-    with ThreadPoolExecutor(threads) as ex:
-        cum = np.empty((0, 4), dtype=np.float64)  # request_sums of a chunk, one buffer for every chunk
-        for group in groups:  # a group's state exists only while its pass runs
-            list(ex.map(lambda p: p.open(vllm_state=True), group))
-            for ch in trace.chunks():
-                block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
-                tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
-                if cum.shape[0] < block.shape[0]:
-                    cum = np.empty((block.shape[0], 4), dtype=np.float64)
-                ready = threading.Event()  # the chunk's running sums, computed while the pools replay
-
-                def step(p, ch=ch, block=block, tokens=tokens, cum=cum, ready=ready):
-                    p.replay(ch, block, tokens, B, rules.bits)
-                    ready.wait()
-                    p.accumulate(ch, cum, plan.first_req, req_group)
-
-                steps = [ex.submit(step, p) for p in group]
-                try:
-                    request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
-                finally:
-                    ready.set()
-                for f in steps:
-                    f.result()
-                done += ch.hi - ch.lo
-                if progress is not None:
-                    progress(done, total)
-            for pool in group:
-                pool.close()
+    longest = int(np.diff(np.asarray(trace.req_start)).max(initial=0))
+    try:
+        _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progress,
+                     multi=M.multi_capable(rules.bits), longest=longest)
+    except _RepeatedId:  # a request holding one id twice: every pool on its own
+        pools = [_Pool(int(p), n_ids, R, n_groups) for p in order_pages] + [_Pool(-1, n_ids, R, n_groups)]
+        _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progress, multi=False, longest=longest)
     return _result(trace, plan, rules, pools, order_pages, np.unique(np.maximum(pages, 0)), bpt)
+
+
+class _RepeatedId(Exception):
+    """A request holds one block id twice (the multi-pool pass does not model it)."""
+
+
+class _MultiPools:
+    """The pools holding at least the longest request, replayed together in one pass
+    (:mod:`kvtrace.kernels.engine_vllm_multi`)."""
+
+    def __init__(self, pools, n_ids: int, n_accesses: int):
+        self.pools, self.n_ids, self.n_accesses = pools, n_ids, n_accesses
+        self.state = None
+
+    def open(self) -> None:
+        self.state = M.MultiState(self.n_ids, [p.pages for p in self.pools], self.n_accesses)
+
+    def close(self) -> None:
+        self.state = None
+
+    def replay(self, ch, block, tokens, B, rules, hit) -> None:
+        """Every pool's hits of chunk ``ch`` into ``hit[k]`` (none rejects)."""
+        r = 0
+        while True:
+            status, r = M.multi_chunk(block, tokens, ch.lrs, B, rules, *self.state.arrays(), r, hit)
+            if status == M.DONE:
+                return
+            if status == M.REPEATED_ID:
+                raise _RepeatedId()
+            self.state.grow(int(ch.lrs[r + 1] - ch.lrs[r]))
+
+
+class _InPlace:
+    """An executor that runs each task at once in the calling thread (``threads=1``)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def submit(self, fn, *args):
+        from concurrent.futures import Future
+
+        f = Future()
+        try:
+            f.set_result(fn(*args))
+        except BaseException as e:  # noqa: BLE001 - re-raised by result(), as a pool's future would
+            f.set_exception(e)
+        return f
+
+
+def _accumulate_pools(pools, hit, rej, ch, cum, tot, B, first_req, req_group) -> None:
+    """Add chunk ``ch``'s hits ``hit[k]`` (rejections ``rej[k]``) at each of ``pools``
+    (:func:`_accumulate_many`)."""
+    if not pools:
+        return
+    if not rej.any():
+        rej = np.zeros((len(pools), 0), dtype=np.bool_)
+    hists = np.stack([p.hist for p in pools])
+    req_hists = np.stack([p.req_hist for p in pools])
+    n_rej = np.stack([p.rejected for p in pools])
+    _accumulate_many(hit, rej, cum, tot, B, ch.lrs, ch.r, first_req, req_group, hists, req_hists, n_rej)
+    for k, p in enumerate(pools):
+        p.hist[...] = hists[k]
+        p.req_hist[...] = req_hists[k]
+        p.rejected[...] = n_rej[k]
+
+
+def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progress, multi: bool, longest: int):
+    """vLLM's sequential replays of every pool (:mod:`kvtrace.kernels.engine_vllm`), in
+    passes over the trace's chunks; with ``multi`` the pools holding the longest request
+    share one pass of :mod:`kvtrace.kernels.engine_vllm_multi`.
+
+    A chunk's replays run on the workers (the shared pass on one, the other pools one
+    after another on the other) while the calling thread computes its running sums; its
+    hits are added up in two halves while the next chunk replays."""
+    n_ids = int(trace.n_blocks)
+    full_hits = bool(rules.bits & (LAST_TOKEN_CAP | FULL_BLOCKS_ONLY))  # no partial block ever hits
+    together = [p for p in pools if multi and p.pages >= max(longest, 1)]
+    if len(together) < 2:
+        together = []
+    alone = [p for p in pools if p not in together]
+    groups, cur, used = [], [], 0
+    for item in ([_MultiPools(together, n_ids, int(trace.n_accesses))] if together else []) + alone:
+        # capacities replayed together while their state fits the budget
+        need = M.state_bytes(n_ids) if isinstance(item, _MultiPools) else _state_bytes(item.pages, n_ids)
+        if cur and used + need > STATE_BUDGET_BYTES:
+            groups.append(cur)
+            cur, used = [], 0
+        cur.append(item)
+        used += need
+    groups.append(cur)
+    done, total = 0, len(groups) * trace.n_accesses
+    with (ThreadPoolExecutor(max(2, threads)) if threads > 1 else _InPlace()) as ex:
+        for group in groups:  # a group's state exists only while its pass runs
+            shared = [item for item in group if isinstance(item, _MultiPools)]
+            single = [item for item in group if not isinstance(item, _MultiPools)]
+            for item in shared:
+                item.open()
+            for p in single:
+                p.open(vllm_state=True)
+            members = [p for item in shared for p in item.pools] + single
+            K = len(members)
+            lanes = [single] if shared else [single[0::2], single[1::2]]  # replays of the other pools
+            pending = []  # the previous chunk's sums, submitted while this one replays
+            try:
+                for ch in trace.chunks(local_req=False):
+                    block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
+                    tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
+                    n = ch.lrs.shape[0] - 1
+                    hit = np.zeros((K, n), dtype=np.int32)
+                    rej = np.zeros((K, n), dtype=np.bool_)
+                    steps, at = [], 0
+                    for item in shared:
+                        steps.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
+                                               hit[at:at + len(item.pools)]))
+                        at += len(item.pools)
+                    for lane in lanes:
+                        def run(lane=lane, ch=ch, block=block, tokens=tokens, hit=hit, rej=rej):
+                            for p in lane:
+                                k = members.index(p)
+                                p.replay(ch, block, tokens, B, rules.bits, hit[k], rej[k])
+                        steps.append(ex.submit(run))
+                    tot = np.empty((n, 4), dtype=np.float64)
+                    if full_hits:  # hit weights from the hit counts: only the totals
+                        cum = np.empty((0, 4), dtype=np.float64)
+                        request_totals(tokens, ch.pos, block, size, ch.lrs, B, tot)
+                    else:
+                        cum = np.empty((block.shape[0], 4), dtype=np.float64)
+                        request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
+                        ends = ch.lrs[1:] > ch.lrs[:-1]
+                        tot[ends] = cum[ch.lrs[1:][ends] - 1]
+                    for f in pending:
+                        f.result()
+                    for f in steps:
+                        f.result()
+                    half = K // 2
+                    pending = [ex.submit(_accumulate_pools, members[a:b], hit[a:b], rej[a:b], ch, cum, tot, B,
+                                         plan.first_req, req_group) for a, b in ((0, half), (half, K)) if b > a]
+                    done += ch.hi - ch.lo
+                    if progress is not None:
+                        progress(done, total)
+                for f in pending:
+                    f.result()
+            finally:
+                for f in pending:
+                    f.cancel()
+                for item in group:
+                    item.close()
 
 
 #: Bytes per access of the whole-trace replays' arrays (block and tokens int64, pos int32).
@@ -608,7 +807,7 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         "measured_accesses": int(trace.n_accesses - trace.req_start[first_req]), "measured_duration_s": seconds,
         "distinct_blocks": trace.n_blocks, "distinct_bytes": plan.total_tokens * bpt, "sample_rate": 1.0,
         "approximate": False, "capacities_replayed": int(len(pages)),
-        "grid": (f"{len(pages)} pool sizes, one exact replay each" + ("" if plan.user_tokens is not None else
+        "grid": (f"{len(pages)} pool sizes, each replayed exactly" + ("" if plan.user_tokens is not None else
                  f" (about {ENGINE_POINTS} log-spaced from one block to every distinct block)")),
         "knees": "the smallest evaluated capacity reaching each fraction (grid resolution)",
         "ceiling": "the rules at an unbounded pool; its capacity is that of every distinct block",

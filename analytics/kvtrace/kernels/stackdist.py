@@ -48,13 +48,28 @@ COLD = np.iinfo(np.int64).max
 
 # Indices into the small scalar-state array: next free slot, live total, and the
 # cached prefix sum (slot, tokens) of the last query.
-NEXT_SLOT, TOTAL, CACHE_SLOT, _CACHE_SUM = 0, 1, 2, 3
+NEXT_SLOT, TOTAL, CACHE_SLOT, CACHE_SUM = 0, 1, 2, 3
 # Fan-out of the sum tree.
 SHIFT = 6
-_FAN = 1 << SHIFT
+FAN = 1 << SHIFT
 # Widest gap between two queried slots that is walked slot by slot rather than
 # answered from the tree.
-_WALK = 16
+WALK = 16
+
+
+def tree_layout(n_blocks: int):
+    """The slots (about two per block, a multiple of the fan-out) and the start of each
+    tree level >= 1 in the tree table, then its end (``offsets``) for ``n_blocks``
+    blocks; level 0 is the per-slot sizes."""
+    slots = ((2 * int(n_blocks) + 64 + FAN - 1) >> SHIFT) << SHIFT
+    offsets = [0]
+    n, total = slots, 0
+    while n > FAN:
+        n = (n + FAN - 1) >> SHIFT
+        offsets.append(total)
+        total += n
+    offsets.append(total)  # end of the top level
+    return slots, np.array(offsets, dtype=np.int64)
 
 
 class StackState:
@@ -67,17 +82,10 @@ class StackState:
     """
 
     def __init__(self, n_blocks: int) -> None:
-        slots = ((2 * int(n_blocks) + 64 + _FAN - 1) >> SHIFT) << SHIFT
-        offsets = [0]  # start of each level >= 1 in ``tree``; level 0 is ``slot_size``
-        n, total = slots, 0
-        while n > _FAN:
-            n = (n + _FAN - 1) >> SHIFT
-            offsets.append(total)
-            total += n
-        offsets.append(total)  # end of the top level
+        slots, offsets = tree_layout(n_blocks)
         # tables read at random: huge pages where large (kvtrace.kernels.memory)
-        self.tree = table_zeros(max(total, 1), np.int64)
-        self.offsets = np.array(offsets, dtype=np.int64)
+        self.tree = table_zeros(max(int(offsets[-1]), 1), np.int64)
+        self.offsets = offsets
         self.slot_block = table_full(slots, -1, np.int64)
         self.slot_size = table_zeros(slots, np.int64)  # size at a live slot, 0 when free
         self.last_slot = table_full(int(n_blocks), -1, np.int64)
@@ -94,10 +102,10 @@ def prefix_of(tree, offsets, slot_size, slot, total):
     """Sum of sizes over slots 0..slot (inclusive)."""
     n_levels = offsets.shape[0] - 1  # levels 1..n_levels-1 live in ``tree``
     # level 0: the slot's 64-block, from the nearer end
-    lo = slot & ~(_FAN - 1)
-    hi = min(lo + _FAN, slot_size.shape[0])
+    lo = slot & ~(FAN - 1)
+    hi = min(lo + FAN, slot_size.shape[0])
     acc = 0
-    if slot - lo < _FAN // 2 or n_levels == 1:
+    if slot - lo < FAN // 2 or n_levels == 1:
         for u in range(lo, slot + 1):
             acc += slot_size[u]
     else:
@@ -108,10 +116,10 @@ def prefix_of(tree, offsets, slot_size, slot, total):
     for level in range(1, n_levels):
         base = offsets[level]
         length = offsets[level + 1] - base
-        lo = i & ~(_FAN - 1)
-        hi = min(lo + _FAN, length)
+        lo = i & ~(FAN - 1)
+        hi = min(lo + FAN, length)
         if level + 1 < n_levels:
-            if i - lo <= _FAN // 2:
+            if i - lo <= FAN // 2:
                 for u in range(lo, i):
                     acc += tree[base + u]
             else:
@@ -187,7 +195,7 @@ def stack_distances_chunk(
     next_slot = scalars[NEXT_SLOT]
     total = scalars[TOTAL]
     cache_slot = scalars[CACHE_SLOT]
-    cache_sum = scalars[_CACHE_SUM]
+    cache_sum = scalars[CACHE_SUM]
     for r in range(n_req):
         lo = req_start[r]
         hi = req_start[r + 1]
@@ -212,7 +220,7 @@ def stack_distances_chunk(
                         dist[t] = COLD
                         running = COLD
                     else:
-                        if cache_slot >= 0 and cache_slot - _WALK <= s <= cache_slot + _WALK:
+                        if cache_slot >= 0 and cache_slot - WALK <= s <= cache_slot + WALK:
                             acc = cache_sum
                             if s > cache_slot:
                                 for u in range(cache_slot + 1, s + 1):
@@ -264,7 +272,7 @@ def stack_distances_chunk(
     scalars[NEXT_SLOT] = next_slot
     scalars[TOTAL] = total
     scalars[CACHE_SLOT] = cache_slot
-    scalars[_CACHE_SUM] = cache_sum
+    scalars[CACHE_SUM] = cache_sum
 
 
 def _run(block, size, req_start, prefix_aware, want_prev):
