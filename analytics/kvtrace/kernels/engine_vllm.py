@@ -68,17 +68,20 @@ def new_state(pool: int, n_ids: int):
     """The state of an empty pool of ``pool`` blocks: ``(st, prv, nxt, held, cprv, cnxt,
     first_copy)`` (every block free, in order; nothing cached). The copies of an id form
     a ring through ``cprv``/``cnxt`` starting at ``first_copy`` (its oldest copy; the
-    newest is ``cprv[first_copy]``). int32 where every index fits (half the memory the
-    replay's random reads touch), else int64."""
+    newest is ``cprv[first_copy]``). Each table as narrow as its values allow: block
+    indices (``prv``, ``nxt``, ``cprv``, ``cnxt``, ``first_copy``) in int8 / int16 /
+    int32 for small pools, ids (``held``) in int32 (the replay's random reads then touch
+    a half, a quarter or an eighth of the memory), else int64."""
     P = int(pool)
-    dt = np.int32 if max(P, int(n_ids)) < np.iinfo(np.int32).max else np.int64
-    prv = np.arange(-1, P - 1, dtype=dt)
-    nxt = np.arange(1, P + 1, dtype=dt)
+    idt = np.int32 if int(n_ids) < np.iinfo(np.int32).max else np.int64
+    sdt = next(t for t in (np.int8, np.int16, np.int32, np.int64) if P < np.iinfo(t).max)
+    prv = np.arange(-1, P - 1, dtype=sdt)
+    nxt = np.arange(1, P + 1, dtype=sdt)
     if P:
         nxt[-1] = -1
     st = np.array([0 if P else -1, P - 1], dtype=np.int64)
-    return (st, prv, nxt, np.full(P, -1, dtype=dt), np.full(P, -1, dtype=dt), np.full(P, -1, dtype=dt),
-            np.full(int(n_ids), -1, dtype=dt))
+    return (st, prv, nxt, np.full(P, -1, dtype=idt), np.full(P, -1, dtype=sdt), np.full(P, -1, dtype=sdt),
+            np.full(int(n_ids), -1, dtype=sdt))
 
 
 @njit(**NJIT)
