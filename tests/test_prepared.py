@@ -259,3 +259,20 @@ def test_commands_give_the_same_outputs_cold_and_warm_and_cache_lists_and_clears
     r = run_cli(["cache", "--clear"])
     assert r.exit_code == 0 and "freed" in r.output
     assert prepared.entries(store) == []
+
+
+@pytest.mark.parametrize("value", ["lots", "16 parsecs", "-5GiB"])
+def test_a_bad_store_limit_is_a_one_line_error_naming_the_variable(store, monkeypatch, value):
+    monkeypatch.setenv(prepared.CACHE_MAX_ENV, value)
+    res = CliRunner().invoke(app, ["stats", str(SAMPLES / "chat.jsonl")], env={"COLUMNS": "200"})
+    assert res.exit_code != 0
+    lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and prepared.CACHE_MAX_ENV in lines[0], res.output
+    assert not store.exists() or not any(store.iterdir())  # nothing stored under a limit it could not read
+
+
+@pytest.mark.parametrize("value,want", [("", prepared.DEFAULT_MAX_BYTES), ("12345", 12345), ("2GiB", 2 << 30),
+                                        ("500MB", 500_000_000)])
+def test_the_store_limit_reads_plain_bytes_and_units(monkeypatch, value, want):
+    monkeypatch.setenv(prepared.CACHE_MAX_ENV, value)
+    assert prepared.max_bytes() == want

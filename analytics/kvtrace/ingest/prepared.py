@@ -87,18 +87,16 @@ def cache_root() -> Path | None:
 
 
 def max_bytes() -> int:
-    """``$KVTRACE_CACHE_MAX`` in bytes (``16GiB``, ``500MB``, a plain number), else 16 GiB."""
+    """``$KVTRACE_CACHE_MAX`` in bytes (``16GiB``, ``500MB``, a plain number), else 16 GiB;
+    anything else is a one-line usage error naming the variable (not a silent default)."""
     raw = os.environ.get(CACHE_MAX_ENV)
-    if not raw:
+    if not raw or not raw.strip():
         return DEFAULT_MAX_BYTES
     if raw.strip().isdigit():
         return int(raw)
     from kvtrace.units import parse_size
 
-    try:
-        return int(parse_size(raw, field=CACHE_MAX_ENV))
-    except Exception:
-        return DEFAULT_MAX_BYTES
+    return int(parse_size(raw.strip(), field=CACHE_MAX_ENV))
 
 
 _code_digest: str | None = None
@@ -254,6 +252,7 @@ def store_in_background(key: str | None, trace: Trace) -> None:
     (:func:`wait`), so a command's first run overlaps the writing with its analysis."""
     if key is None or _entry(key).is_dir():
         return
+    max_bytes()  # a bad $KVTRACE_CACHE_MAX stops the command here, not silently on the writer thread
     if not _pending:
         atexit.register(wait)
     thread = threading.Thread(target=store, args=(key, trace), name="kvtrace-prepare", daemon=True)
