@@ -808,7 +808,7 @@ def _result(trace, plan, rules, pools, pages, main_pages, bpt, in_flight=None) -
         "distinct_blocks": trace.n_blocks, "distinct_bytes": plan.total_tokens * bpt, "sample_rate": 1.0,
         "approximate": False, "capacities_replayed": int(len(pages)),
         "grid": (f"{len(pages)} pool sizes, each replayed exactly" + ("" if plan.user_tokens is not None else
-                 f" (about {ENGINE_POINTS} log-spaced from one block to every distinct block)")),
+                 " (log-spaced from one block to every distinct block)")),
         "knees": "the smallest evaluated capacity reaching each fraction (grid resolution)",
         "ceiling": "the rules at an unbounded pool; its capacity is that of every distinct block",
         "in_flight": None if in_flight is None else {
