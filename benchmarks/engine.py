@@ -245,7 +245,6 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
     timers.wrap(M, "multi_chunk", "multi")
     timers.wrap(E, "_unbounded_chunk", "unbounded")
     timers.wrap(E, "request_sums", "sums")
-    timers.wrap(E, "request_totals", "totals")
     timers.wrap(E, "_accumulate_many", "accumulate")
     timers.wrap(E, "_result", "evaluate")
     try:
@@ -285,8 +284,7 @@ def in_process(path: Path, r: Report, args, e2e: dict[str, float], vllm_out: Pat
              (f"multi_chunk x{C['multi']} (the pools holding the longest request, one pass)", S["multi"]),
              (f"replay_chunk x{C['replay']} (the smaller pools, one replay each)", S["replay"]),
              (f"unbounded ceiling x{C['unbounded']}", S["unbounded"]),
-             (f"request_totals x{C['totals']} + request_sums x{C['sums']} (per-request weights, once per chunk)",
-              S["totals"] + S["sums"]),
+             (f"request_sums x{C['sums']} (per-request weights, once per chunk)", S["sums"]),
              (f"_accumulate_many x{C['accumulate']} (hits into histograms)", S["accumulate"]),
              ("_result (evaluation, tables, knees)", S["evaluate"]),
              ("the rest (chunk layout, per-step arrays, pool arrays)", rest)]

@@ -17,10 +17,6 @@ itself equal request by request to the plain-Python twin of vLLM's block manager
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from jit_helpers import json_with_and_without_jit
 from strategies import chained_traces
 from test_engine_rules import kernel_columns, mooncake, random_requests, whole_arrays
 
@@ -219,11 +216,5 @@ def test_multi_kernel_without_jit():
             "for r in reqs[::2]: r['tokens'] = [4] * len(r['blocks'])\n"
             "block, tok, starts, n = kernel_columns(reqs)\n"
             "print(json.dumps(M.replay_multi(block, tok, starts, n, [8, 9, 12], 4, V.ALL_RULES).tolist()))\n")
-    runs = []
-    for disable in ("1", "0"):
-        env = {**os.environ, "NUMBA_DISABLE_JIT": disable, "KVTRACE_NUMBA_CACHE": "0"}
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                             cwd=ROOT, check=False)
-        assert res.returncode == 0, res.stderr[-2000:]
-        runs.append(json.loads(res.stdout))
+    runs = json_with_and_without_jit(code)
     assert runs[0] == runs[1] and any(any(row) for row in runs[0])

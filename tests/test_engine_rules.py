@@ -23,9 +23,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +36,7 @@ import naive
 import naive_sglang
 import naive_vllm
 from cli_helpers import one_line_error
+from jit_helpers import json_with_and_without_jit
 from strategies import chained_traces
 
 from kvtrace.analyses.curves import RATE_COLUMNS, compute_curve
@@ -677,13 +675,7 @@ def test_sglang_kernels_without_jit():
             "    out[rules] = [h.tolist(), r.tolist(), w.tolist(), b, s,\n"
             "                  S.replay_sglang(block, tok, starts, 80, [3, 7], 4, rules)[0].tolist()]\n"
             "print(json.dumps(out))\n")
-    runs = []
-    for disable in ("1", "0"):
-        env = {**os.environ, "NUMBA_DISABLE_JIT": disable, "KVTRACE_NUMBA_CACHE": "0"}
-        res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
-                             cwd=ROOT, check=False)
-        assert res.returncode == 0, res.stderr[-2000:]
-        runs.append(json.loads(res.stdout))
+    runs = json_with_and_without_jit(code)
     assert runs[0] == runs[1]
     waits = runs[1][str(S.ALL_RULES)][2]
     assert any(w > 0 for w in waits)  # the case makes requests wait

@@ -192,14 +192,17 @@ def service_times(expr: str, input_tokens, output_tokens) -> np.ndarray:
 
 
 @njit(**NJIT)
-def request_sums(tokens, pos, block, size, lrs, block_tokens, cum):
+def request_sums(tokens, pos, block, size, lrs, block_tokens, cum, tot):
     """Per access, the running sums within its request of the histogram weights of
     :func:`kvtrace.kernels.hitcurve.binned_hits_into` (``cum[t, w]`` = weight ``w`` of
     the request's accesses up to and including ``t``: count, tokens, block tokens,
-    prefill q; one access's four weights share a cache line). Computed once per chunk
+    prefill q; one access's four weights share a cache line), and per request their
+    totals (``tot[i, w]``); either may be empty (not wanted). Computed once per chunk
     for every capacity; each is a sum of integers below 2**53 (a request's q is at most
     its tokens squared), so exact."""
     bt = np.float64(block_tokens)
+    running = cum.shape[0] > 0
+    totals = tot.shape[0] > 0
     for i in range(lrs.shape[0] - 1):
         c0 = c1 = c2 = c3 = 0.0
         for t in range(lrs[i], lrs[i + 1]):
@@ -208,10 +211,16 @@ def request_sums(tokens, pos, block, size, lrs, block_tokens, cum):
             c1 += k
             c2 += np.float64(size[block[t]])
             c3 += k * (np.float64(pos[t]) * bt) + k * (k - 1.0) * 0.5
-            cum[t, 0] = c0
-            cum[t, 1] = c1
-            cum[t, 2] = c2
-            cum[t, 3] = c3
+            if running:
+                cum[t, 0] = c0
+                cum[t, 1] = c1
+                cum[t, 2] = c2
+                cum[t, 3] = c3
+        if totals:
+            tot[i, 0] = c0
+            tot[i, 1] = c1
+            tot[i, 2] = c2
+            tot[i, 3] = c3
 
 
 @njit(**NJIT)
@@ -252,24 +261,6 @@ def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, 
             for x in range(2):
                 hist[x, g, 0, w] += loc[g, 0, w]
                 hist[x, g, 2, w] += loc[g, 1, w]
-
-
-@njit(**NJIT)
-def request_totals(tokens, pos, block, size, lrs, block_tokens, tot):
-    """Per request, the sums of :func:`request_sums` over all its accesses (``tot[i, w]``)."""
-    bt = np.float64(block_tokens)
-    for i in range(lrs.shape[0] - 1):
-        c0 = c1 = c2 = c3 = 0.0
-        for t in range(lrs[i], lrs[i + 1]):
-            k = np.float64(tokens[t])
-            c0 += 1.0
-            c1 += k
-            c2 += np.float64(size[block[t]])
-            c3 += k * (np.float64(pos[t]) * bt) + k * (k - 1.0) * 0.5
-        tot[i, 0] = c0
-        tot[i, 1] = c1
-        tot[i, 2] = c2
-        tot[i, 3] = c3
 
 
 @njit(**NJIT)
@@ -343,16 +334,9 @@ def _unbounded_chunk(block, tokens, lrs, block_tokens, rules, cached, hit_blocks
     full_only = (rules & FULL_BLOCKS_ONLY) != 0
     for r in range(lrs.shape[0] - 1):
         lo, hi = lrs[r], lrs[r + 1]
-        total = 0
-        for t in range(lo, hi):
-            total += tokens[t]
+        m = V.hit_limit(tokens, lo, hi, block_tokens, cap, full_only)
         h = 0
-        end = 0
-        while lo + h < hi:
-            t = lo + h
-            end += tokens[t]
-            if (cap and end > total - 1) or (full_only and tokens[t] != block_tokens) or not cached[block[t]]:
-                break
+        while h < m and cached[block[lo + h]]:
             h += 1
         hit_blocks[r] = h
         for t in range(lo, hi):
@@ -576,14 +560,9 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                                 p.replay(ch, block, tokens, B, rules.bits, hit[k], rej[k])
                         steps.append(ex.submit(run))
                     tot = np.empty((n, 4), dtype=np.float64)
-                    if full_hits:  # hit weights from the hit counts: only the totals
-                        cum = np.empty((0, 4), dtype=np.float64)
-                        request_totals(tokens, ch.pos, block, size, ch.lrs, B, tot)
-                    else:
-                        cum = np.empty((block.shape[0], 4), dtype=np.float64)
-                        request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum)
-                        ends = ch.lrs[1:] > ch.lrs[:-1]
-                        tot[ends] = cum[ch.lrs[1:][ends] - 1]
+                    # with whole-block hits the weights follow from the hit counts: only the totals
+                    cum = np.empty((0 if full_hits else block.shape[0], 4), dtype=np.float64)
+                    request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum, tot)
                     for f in pending:
                         f.result()
                     for f in steps:
@@ -647,7 +626,7 @@ class _Whole:
             if cum.shape[0] < hi - lo:  # one request longer than a slice
                 cum = np.empty((hi - lo, 4), dtype=np.float64)
             sl = lrs[r:e + 1] - lo
-            request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum)
+            request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum, _NO_TOTALS)
             _accumulate(hit[r:e], rej[r:e], cum, sl, r, first_req, req_group, pool.hist, pool.req_hist,
                         pool.rejected)
             r = e
@@ -723,6 +702,7 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
+_NO_TOTALS = np.empty((0, 4), dtype=np.float64)
 _NO_MEMBERS = np.empty(0, dtype=np.bool_)
 
 

@@ -85,6 +85,28 @@ def new_state(pool: int, n_ids: int):
 
 
 @njit(**NJIT)
+def hit_limit(tokens, lo, hi, block_tokens, cap, full_only):
+    """How many leading blocks of the request at ``lo..hi - 1`` a hit may cover: with
+    ``cap`` those whose tokens end at or before the prompt's length - 1
+    (``get_computed_blocks``), with ``full_only`` full blocks only (a partial block is
+    never hashed). Shared by every vLLM replay."""
+    total = 0
+    for t in range(lo, hi):
+        total += tokens[t]
+    m = 0
+    end = 0
+    while lo + m < hi:
+        t = lo + m
+        end += tokens[t]
+        if cap and end > total - 1:
+            break
+        if full_only and tokens[t] != block_tokens:
+            break
+        m += 1
+    return m
+
+
+@njit(**NJIT)
 def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, held, cprv, cnxt, first_copy,
                  slots, hit_blocks, rejected):
     """Replay the requests of one chunk (``lrs``: their offsets into ``block``/``tokens``)
@@ -110,7 +132,7 @@ def replay_chunk(block, tokens, lrs, pool, block_tokens, rules, st, prv, nxt, he
         total = 0
         for t in range(lo, hi):
             total += tokens[t]
-        # 1. the hit, capped
+        # 1. the hit, capped (hit_limit's walk, stopping at the first block not cached)
         h = 0
         end = 0
         while h < n:
@@ -350,20 +372,9 @@ def _replay_inflight(block, tokens, req_start, n_ids, pool, block_tokens, rules,
                 rejected[r] = True
                 queue_head += 1
                 continue
-            total = 0
-            for t in range(lo, hi):
-                total += tokens[t]
+            m = hit_limit(tokens, lo, hi, block_tokens, cap, full_only)
             h = 0
-            end = 0
-            while h < n:
-                t = lo + h
-                end += tokens[t]
-                if cap and end > total - 1:
-                    break
-                if full_only and tokens[t] != block_tokens:
-                    break
-                if first_copy[block[t]] < 0:
-                    break
+            while h < m and first_copy[block[lo + h]] >= 0:
                 h += 1
             nb = n if n <= P else P
             extra = decode_blocks[r]

@@ -57,7 +57,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP
+from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP, hit_limit
 from kvtrace.kernels.memory import table_full, table_zeros
 from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, compact_slots,
                                        prefix_of, tree_layout)
@@ -285,20 +285,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 or counters[CT_FLAG] + n + 1 > pend_head.shape[1]):
             status = GROW
             break
-        # the cap: hits over at most m leading blocks
-        total_tok = 0
-        for t in range(lo, hi):
-            total_tok += tokens[t]
-        m = 0
-        end = 0
-        while m < n:
-            t = lo + m
-            end += tokens[t]
-            if cap and end > total_tok - 1:
-                break
-            if full_only and tokens[t] != block_tokens:
-                break
-            m += 1
+        m = hit_limit(tokens, lo, hi, block_tokens, cap, full_only)  # hits over at most m leading blocks
         # 1. query every block against the stack as the request finds it
         nh = 0
         for j in range(n):
