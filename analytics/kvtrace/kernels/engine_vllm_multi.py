@@ -44,8 +44,9 @@ over slots in touch order, each live slot one hashable id; int32 and int8 tables
 id the index of its ghost lists (ids that ever had a ghost), per pool ``K``, its ghost
 count, a min-heap of its ghosts by time and the count of ids accessed after its oldest
 tracked ghost (kept up to date request by request, asked of the stack only when the
-oldest ghost changes), and the ghost records. Records are appended and never reused (a
-dead one leaves its heap when it surfaces at the top, or at the next compaction); a
+oldest ghost changes), and the ghost records. A dead record leaves its heap when it
+surfaces at the top or at the next compaction, and its number is then reused (a free
+list): records in use stay within the ghosts alive plus those heaps' dead entries; a
 ghost's time is its key (:data:`SUB_BITS`): the slot its copy vacated, or after a
 compaction the gap between two live slots and its rank there, so ghosts keep their
 exact order through any number of compactions without a per-id clock.
@@ -62,9 +63,10 @@ from kvtrace.kernels.memory import table_full, table_zeros
 from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, compact_slots,
                                        prefix_of, tree_layout)
 
-# counters (int64[N_CT]): ghost records, ids with a ghost record, most ghosts on one heap
-CT_REC, CT_FLAG, CT_HEAP = 0, 1, 2
-N_CT = 3
+# counters (int64[N_CT]): ghost records handed out (the high-water mark), ids with a ghost record, most
+# entries on one heap, records free for reuse (on the free list), ghosts made in all
+CT_REC, CT_FLAG, CT_HEAP, CT_FREE, CT_MADE = 0, 1, 2, 3, 4
+N_CT = 5
 # a ghost's place in time (its heap key): ((slot + 1) << SUB_BITS) | sub. ``sub`` 0: at ``slot``, the
 # vacated slot of the copy it was; ``sub`` i >= 1: after live slot ``slot``, the i-th of the ghosts
 # there (a compaction renumbers the slots and puts the ghosts of a gap in their order)
@@ -120,6 +122,7 @@ class MultiState:
         self.rec_id = np.zeros(rec, dtype=np.int64)
         self.rec_next = np.zeros(rec, dtype=np.int64)
         self.rec_flags = np.zeros(rec, dtype=np.int8)
+        self.free_rec = np.zeros(rec, dtype=np.int64)
         self.pend_head = np.full((k, flag), -1, dtype=np.int64)
         self.pend_tail = np.full((k, flag), -1, dtype=np.int64)
 
@@ -135,7 +138,7 @@ class MultiState:
             self.heap = heap
         if need_rec > self.rec_key.shape[0]:
             m = max(need_rec, 2 * self.rec_key.shape[0])
-            for name in ("rec_key", "rec_id", "rec_next", "rec_flags"):
+            for name in ("rec_key", "rec_id", "rec_next", "rec_flags", "free_rec"):
                 old = getattr(self, name)
                 new = np.zeros(m, dtype=old.dtype)
                 new[:old.shape[0]] = old
@@ -151,7 +154,8 @@ class MultiState:
     def arrays(self):
         return (self.tree, self.offsets, self.slot_block, self.slot_size, self.last_slot, self.scalars, self.cidx,
                 self.pools, self.k_ids, self.n_ghost, self.top_rec, self.l_top, self.counters, self.heap, self.heap_n,
-                self.rec_key, self.rec_id, self.rec_next, self.rec_flags, self.pend_head, self.pend_tail)
+                self.rec_key, self.rec_id, self.rec_next, self.rec_flags, self.free_rec, self.pend_head,
+                self.pend_tail)
 
 
 @njit(**NJIT)
@@ -199,10 +203,32 @@ def _newer(tree, offsets, slot_size, slot, total):
 
 
 @njit(**NJIT)
-def _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags):
+def _new_record(counters, free_rec):
+    """A ghost record: one freed earlier, else the next never used."""
+    counters[CT_MADE] += 1
+    if counters[CT_FREE] > 0:
+        counters[CT_FREE] -= 1
+        return free_rec[counters[CT_FREE]]
+    g = counters[CT_REC]
+    counters[CT_REC] += 1
+    return g
+
+
+@njit(**NJIT)
+def _drop_record(g, k, counters, free_rec, top_rec):
+    """Free record ``g``, off pool ``k``'s heap (dead): its number may serve a new ghost,
+    so pool ``k`` stops tracking it."""
+    free_rec[counters[CT_FREE]] = g
+    counters[CT_FREE] += 1
+    if top_rec[k] == g:
+        top_rec[k] = -1
+
+
+@njit(**NJIT)
+def _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags, counters, free_rec, top_rec):
     """Before the stack compacts (live slots renumbered 0.. in order): every live ghost
     moves to the gap after the last live slot before it, the ghosts of one gap keeping
-    their order; each pool's heap is rebuilt sorted (dead records dropped)."""
+    their order; each pool's heap is rebuilt sorted (dead records freed)."""
     for k in range(heap.shape[0]):
         n = 0
         for i in range(heap_n[k]):
@@ -210,6 +236,8 @@ def _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec
             if rec_flags[g] & ALIVE:
                 heap[k, n] = g
                 n += 1
+            else:
+                _drop_record(g, k, counters, free_rec, top_rec)
         keys = np.empty(n, dtype=np.int64)
         for i in range(n):
             keys[i] = rec_key[heap[k, i]]
@@ -245,7 +273,7 @@ def _first_at_least(a, n, x):
 def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 tree, offsets, slot_block, slot_size, last_slot, scalars, cidx, pools, k_ids,
                 n_ghost, top_rec, l_top, counters, heap, heap_n, rec_key, rec_id, rec_next, rec_flags,
-                pend_head, pend_tail, start, hit_blocks):
+                free_rec, pend_head, pend_tail, start, hit_blocks):
     """Requests ``start..`` of one chunk (``lrs``: their offsets into ``block``/``tokens``)
     at every pool of the state (:meth:`MultiState.arrays`): ``hit_blocks[k, i]`` of pool
     k and the chunk's request i. Returns ``(status, next request)``: :data:`DONE`, or
@@ -281,7 +309,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 hit_blocks[k, r] = 0
             r += 1
             continue
-        if (counters[CT_HEAP] + n + 1 > heap.shape[1] or counters[CT_REC] + 2 * K * n + 1 > rec_key.shape[0]
+        if (counters[CT_HEAP] + n + 1 > heap.shape[1] or rec_key.shape[0] - counters[CT_REC] + counters[CT_FREE] < 2 * K * n + 1
                 or counters[CT_FLAG] + n + 1 > pend_head.shape[1]):
             status = GROW
             break
@@ -315,7 +343,8 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 nh += 1
         # 2. touch tail first (the first block newest); compact first if the slots would run out
         if next_slot + nh > n_slots:
-            _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags)
+            _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags, counters, free_rec,
+                             top_rec)
             scalars[NEXT_SLOT] = next_slot
             compact_slots(tree, offsets, slot_block, slot_size, np.empty(0, dtype=np.int64), last_slot, scalars)
             next_slot = scalars[NEXT_SLOT]
@@ -411,8 +440,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                         g = rec_next[g]
                     pend_head[k, c] = -1
                     pend_tail[k, c] = -1
-                    g = counters[CT_REC]
-                    counters[CT_REC] += 1
+                    g = _new_record(counters, free_rec)
                     rec_key[g], rec_id[g], rec_next[g], rec_flags[g] = (sq[j] + 1) << SUB_BITS, b, -1, ALIVE
                     _heap_push(heap, heap_n, k, g, rec_key)
                     n_ghost[k] += 1
@@ -425,8 +453,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                     c = counters[CT_FLAG]
                     counters[CT_FLAG] += 1
                     cidx[b] = c
-                g = counters[CT_REC]
-                counters[CT_REC] += 1
+                g = _new_record(counters, free_rec)
                 rec_key[g], rec_id[g], rec_next[g], rec_flags[g] = (sq[j] + 1) << SUB_BITS, b, -1, ALIVE | PENDING
                 if pend_tail[k, c] >= 0:
                     rec_next[pend_tail[k, c]] = g
@@ -442,6 +469,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
             x = T + a - P
             while x > 0:
                 while heap_n[k] > 0 and (rec_flags[heap[k, 0]] & ALIVE) == 0:
+                    _drop_record(heap[k, 0], k, counters, free_rec, top_rec)
                     _heap_pop(heap, heap_n, k, rec_key)
                 if heap_n[k] == 0:
                     kk -= x
@@ -466,7 +494,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                         pend_tail[k, c] = -1
                 rec_flags[g] = 0
                 _heap_pop(heap, heap_n, k, rec_key)
-                top_rec[k] = -1
+                _drop_record(g, k, counters, free_rec, top_rec)
                 track = False
             k_ids[k] = kk
         r += 1
