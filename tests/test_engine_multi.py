@@ -95,6 +95,28 @@ def test_one_pass_equals_a_replay_per_pool_without_chaining(seed):
         assert_equal_to_replays(block, tok, starts, n_ids, pools, bits)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_the_unbounded_pool_comes_with_the_pass(seed):
+    """The rules' ceiling (nothing evicted: a block hits once an earlier request accessed
+    it) from the shared pass equals its own replay."""
+    rng = np.random.default_rng(3000 + seed)
+    reqs = random_requests(rng, 100, B) if seed % 2 else unchained_requests(rng, 200, int(rng.integers(3, 30)))
+    block, tok, starts, n_ids = kernel_columns(reqs)
+    pools = pools_from(rng, int(np.diff(starts).max(initial=0)), n_ids)
+    R = starts.shape[0] - 1
+    for bits in CAPABLE:
+        state, hit, got = M.MultiState(n_ids, pools), np.zeros((len(pools), R), np.int32), np.zeros(R, np.int32)
+        r = 0
+        while True:
+            status, r = M.multi_chunk(block, tok, starts, B, bits, *state.arrays(), r, hit, got)
+            if status == M.DONE:
+                break
+            state.grow(int(starts[r + 1] - starts[r]))
+        want = np.zeros(R, dtype=np.int32)
+        E._unbounded_chunk(block, tok, starts, B, bits, np.zeros(n_ids, dtype=np.bool_), want)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_ghosts_live_through_many_compactions():
     """A long trace over few ids: the stack (about two slots per id) compacts every few
     requests while pools hold ghosts, several in one gap between live slots."""
@@ -112,7 +134,8 @@ def test_ghosts_live_through_many_compactions():
     for i in range(starts.shape[0] - 1):
         before = state.scalars[0]
         while True:
-            status, r = M.multi_chunk(block, tok, starts[: i + 2], B, V.ALL_RULES, *state.arrays(), i, hit)
+            status, r = M.multi_chunk(block, tok, starts[: i + 2], B, V.ALL_RULES, *state.arrays(), i, hit,
+                                      M.NO_HITS)
             if status == M.DONE:
                 break
             state.grow(int(starts[i + 1] - starts[i]))

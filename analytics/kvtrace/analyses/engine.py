@@ -274,56 +274,62 @@ def _accumulate_many(hit_blocks, rejected, cum, tot, block_tokens, lrs, r0, firs
     last hit block; when only full blocks can hit (the last-token cap or full blocks
     only: ``cum`` empty) they are a function of the hit count ``h`` alone (``h`` blocks,
     ``h x B`` tokens and block tokens, prefill ``B^2 h(h-1)/2 + h B(B-1)/2``: the same
-    integers :func:`request_sums` adds), and the misses are the request's totals ``tot``
-    minus the hits."""
+    integers :func:`request_sums` adds). Only hits are added per capacity; the misses
+    are the requests' totals (``tot``, per group, added once) minus the hits, and the
+    requests that miss are the group's requests minus those that hit (sums of integers:
+    exact in any order below 2**53)."""
     grouped = req_group.shape[0] > 0
     rejects = rejected.shape[1] > 0
     closed = cum.shape[0] == 0
     bt = np.float64(block_tokens)
     K = hit_blocks.shape[0]
     G = hists.shape[2]
-    loc = np.zeros((K, G, 2, 4), dtype=np.float64)
-    on = np.zeros(4, dtype=np.float64)
+    hits = np.zeros((K, G, 4), dtype=np.float64)
+    won = np.zeros((K, G, 2), dtype=np.float64)  # requests that hit; whose hit covers half their prompt
+    whole = np.zeros((G, 4), dtype=np.float64)
+    count = np.zeros(G, dtype=np.float64)
     for i in range(lrs.shape[0] - 1):
         r = r0 + i
         if r < first_req:
             continue
         lo, hi = lrs[i], lrs[i + 1]
         g = req_group[r] if grouped else 0
+        count[g] += 1.0
         if hi == lo:
-            for k in range(K):
-                req_hists[k, 0, g, 2] += 1.0
-                req_hists[k, 1, g, 2] += 1.0
             continue
-        total = tot[i, 1]
-        half = np.floor((total + 1.0) / 2.0)
+        for w in range(4):
+            whole[g, w] += tot[i, w]
+        half = np.floor((tot[i, 1] + 1.0) / 2.0)
         for k in range(K):
             h = hit_blocks[k, i]
             if rejects and rejected[k, i]:
                 n_rejected[k, 0] += 1
-                n_rejected[k, 1] += np.int64(total)
+                n_rejected[k, 1] += np.int64(tot[i, 1])
             if h == 0:
-                on[:] = 0.0
-            elif closed:
+                continue
+            if closed:
                 fh = np.float64(h)
-                on[0] = fh
-                on[1] = fh * bt
-                on[2] = fh * bt
-                on[3] = bt * bt * (fh * (fh - 1.0) * 0.5) + fh * (bt * (bt - 1.0) * 0.5)
+                t1 = fh * bt
+                hits[k, g, 0] += fh
+                hits[k, g, 1] += t1
+                hits[k, g, 2] += t1
+                hits[k, g, 3] += bt * bt * (fh * (fh - 1.0) * 0.5) + fh * (bt * (bt - 1.0) * 0.5)
             else:
+                t1 = cum[lo + h - 1, 1]
                 for w in range(4):
-                    on[w] = cum[lo + h - 1, w]
-            req_hists[k, 0, g, 0 if h >= 1 else 2] += 1.0
-            req_hists[k, 1, g, 0 if on[1] >= half else 2] += 1.0
-            for w in range(4):
-                loc[k, g, 0, w] += on[w]
-                loc[k, g, 1, w] += tot[i, w] - on[w]
+                    hits[k, g, w] += cum[lo + h - 1, w]
+            won[k, g, 0] += 1.0
+            if t1 >= half:
+                won[k, g, 1] += 1.0
     for k in range(K):
         for g in range(G):
             for w in range(4):
                 for x in range(2):
-                    hists[k, x, g, 0, w] += loc[k, g, 0, w]
-                    hists[k, x, g, 2, w] += loc[k, g, 1, w]
+                    hists[k, x, g, 0, w] += hits[k, g, w]
+                    hists[k, x, g, 2, w] += whole[g, w] - hits[k, g, w]
+            for x in range(2):
+                req_hists[k, x, g, 0] += won[k, g, x]
+                req_hists[k, x, g, 2] += count[g] - won[k, g, x]
 
 
 @njit(**NJIT)
@@ -445,8 +451,9 @@ class _MultiPools:
     """The pools holding at least the longest request, replayed together in one pass
     (:mod:`kvtrace.kernels.engine_vllm_multi`)."""
 
-    def __init__(self, pools, n_ids: int, n_accesses: int):
-        self.pools, self.n_ids, self.n_accesses = pools, n_ids, n_accesses
+    def __init__(self, pools, n_ids: int, n_accesses: int, ceiling=None):
+        self.pools, self.n_ids, self.n_accesses, self.ceiling = pools, n_ids, n_accesses, ceiling
+        self.members = pools + ([ceiling] if ceiling is not None else [])  # the hits it fills, in order
         self.state = None
 
     def open(self) -> None:
@@ -456,10 +463,13 @@ class _MultiPools:
         self.state = None
 
     def replay(self, ch, block, tokens, B, rules, hit) -> None:
-        """Every pool's hits of chunk ``ch`` into ``hit[k]`` (none rejects)."""
+        """Every member's hits of chunk ``ch`` into ``hit[k]`` (none rejects; the
+        unbounded ceiling's, when it is a member, in the last row)."""
+        pools = hit[:len(self.pools)]
+        unbounded = hit[len(self.pools)] if self.ceiling is not None else M.NO_HITS
         r = 0
         while True:
-            status, r = M.multi_chunk(block, tokens, ch.lrs, B, rules, *self.state.arrays(), r, hit)
+            status, r = M.multi_chunk(block, tokens, ch.lrs, B, rules, *self.state.arrays(), r, pools, unbounded)
             if status == M.DONE:
                 return
             if status == M.REPEATED_ID:
@@ -517,9 +527,10 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
     together = [p for p in pools if multi and p.pages >= max(longest, 1)]
     if len(together) < 2:
         together = []
-    alone = [p for p in pools if p not in together]
+    ceiling = next((p for p in pools if p.pages < 0), None) if together else None  # the shared pass serves it too
+    alone = [p for p in pools if p not in together and p is not ceiling]
     groups, cur, used = [], [], 0
-    for item in ([_MultiPools(together, n_ids, int(trace.n_accesses))] if together else []) + alone:
+    for item in ([_MultiPools(together, n_ids, int(trace.n_accesses), ceiling)] if together else []) + alone:
         # capacities replayed together while their state fits the budget
         need = M.state_bytes(n_ids) if isinstance(item, _MultiPools) else _state_bytes(item.pages, n_ids)
         if cur and used + need > STATE_BUDGET_BYTES:
@@ -537,7 +548,7 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                 item.open()
             for p in single:
                 p.open(vllm_state=True)
-            members = [p for item in shared for p in item.pools] + single
+            members = [p for item in shared for p in item.members] + single
             K = len(members)
             lanes = [single] if shared else [single[0::2], single[1::2]]  # replays of the other pools
             pending = []  # the previous chunk's sums, submitted while this one replays
@@ -551,8 +562,8 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                     steps, at = [], 0
                     for item in shared:
                         steps.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
-                                               hit[at:at + len(item.pools)]))
-                        at += len(item.pools)
+                                               hit[at:at + len(item.members)]))
+                        at += len(item.members)
                     for lane in lanes:
                         def run(lane=lane, ch=ch, block=block, tokens=tokens, hit=hit, rej=rej):
                             for p in lane:

@@ -76,6 +76,7 @@ SUB_BITS = 24
 DONE, GROW, REPEATED_ID = 0, 1, 2
 # record flags
 ALIVE, PENDING = 1, 2
+NO_HITS = np.empty(0, dtype=np.int32)
 
 
 def multi_capable(rules: int) -> bool:
@@ -273,10 +274,12 @@ def _first_at_least(a, n, x):
 def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 tree, offsets, slot_block, slot_size, last_slot, scalars, cidx, pools, k_ids,
                 n_ghost, top_rec, l_top, counters, heap, heap_n, rec_key, rec_id, rec_next, rec_flags,
-                free_rec, pend_head, pend_tail, start, hit_blocks):
+                free_rec, pend_head, pend_tail, start, hit_blocks, unbounded):
     """Requests ``start..`` of one chunk (``lrs``: their offsets into ``block``/``tokens``)
     at every pool of the state (:meth:`MultiState.arrays`): ``hit_blocks[k, i]`` of pool
-    k and the chunk's request i. Returns ``(status, next request)``: :data:`DONE`, or
+    k and the chunk's request i, and (when ``unbounded`` is not empty) ``unbounded[i]``,
+    its hit at an unbounded pool (the leading blocks, within the cap, whose ids an
+    earlier request accessed: nothing is ever evicted). Returns ``(status, next request)``: :data:`DONE`, or
     :data:`GROW` before a request the state has no room for (grow it and call again from
     there), or :data:`REPEATED_ID` (the state is then unusable)."""
     cap = (rules & LAST_TOKEN_CAP) != 0
@@ -307,6 +310,8 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
         if n == 0:
             for k in range(K):
                 hit_blocks[k, r] = 0
+            if unbounded.shape[0] > 0:
+                unbounded[r] = 0
             r += 1
             continue
         if (counters[CT_HEAP] + n + 1 > heap.shape[1] or rec_key.shape[0] - counters[CT_REC] + counters[CT_FREE] < 2 * K * n + 1
@@ -405,6 +410,8 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 ds[i] = d
         if n > 32:
             ds[:n] = np.sort(dq[:n])
+        if unbounded.shape[0] > 0:
+            unbounded[r] = _first_at_least(pm, m, COLD)
         for k in range(K):
             P = pools[k]
             kk = k_ids[k]
@@ -516,7 +523,7 @@ def replay_multi(block, tokens, req_start, n_ids: int, pools, block_tokens: int,
     hit = np.zeros((len(state.pools), lrs.shape[0] - 1), dtype=np.int32)
     r = 0
     while True:
-        status, r = multi_chunk(block, tokens, lrs, int(block_tokens), int(rules), *state.arrays(), r, hit)
+        status, r = multi_chunk(block, tokens, lrs, int(block_tokens), int(rules), *state.arrays(), r, hit, NO_HITS)
         if status == DONE:
             return hit
         if status == REPEATED_ID:
