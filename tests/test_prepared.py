@@ -268,7 +268,7 @@ def test_a_bad_store_limit_is_a_one_line_error_naming_the_variable(store, monkey
     assert res.exit_code != 0
     lines = [ln for ln in res.output.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and prepared.CACHE_MAX_ENV in lines[0], res.output
-    assert not store.exists() or not any(store.iterdir())  # nothing stored under a limit it could not read
+    assert prepared.entries(store) == []  # nothing stored under a limit it could not read
 
 
 @pytest.mark.parametrize("value,want", [("", prepared.DEFAULT_MAX_BYTES), ("12345", 12345), ("2GiB", 2 << 30),
@@ -276,3 +276,23 @@ def test_a_bad_store_limit_is_a_one_line_error_naming_the_variable(store, monkey
 def test_the_store_limit_reads_plain_bytes_and_units(monkeypatch, value, want):
     monkeypatch.setenv(prepared.CACHE_MAX_ENV, value)
     assert prepared.max_bytes() == want
+
+
+def test_an_unchanged_file_is_not_hashed_again_and_a_changed_one_is(store, tmp_path, monkeypatch):
+    path = tmp_path / "t.jsonl"
+    shutil.copy(SAMPLES / "chat.jsonl", path)
+    reads = []
+    real = prepared.file_digest
+    monkeypatch.setattr(prepared, "file_digest", lambda p: reads.append(p) or real(p))
+    first = prepared.content_digest(path)
+    assert first == real(path) and len(reads) == 1
+    assert prepared.content_digest(path) == first and len(reads) == 1  # remembered
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[10:12] = b"99" if data[10:12] != b"99" else b"98"
+    path.write_bytes(bytes(data))  # same size, other bytes, the old times put back
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    changed = prepared.content_digest(path)
+    assert len(reads) == 2 and changed == real(path) != first  # the change time moved: hashed anew
+    assert run_cli(["cache", "--clear"]).exit_code == 0
+    assert not (store / "digests").exists()

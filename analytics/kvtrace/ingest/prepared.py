@@ -16,7 +16,8 @@ Invariants:
   load options that shape the trace (format, block size, tenant sharing, re-chaining
   and re-blocking), the store's format number, kvtrace's version and the source of the
   modules that build a trace. A changed file, option or ingest code misses; a copy or a
-  rename of the same bytes hits.
+  rename of the same bytes hits. The file's digest is remembered under its identity and
+  change time (:func:`content_digest`), so an unchanged file is not read to find its key.
 - **Complete or absent.** An entry is written in a private directory and renamed into
   place in one step; a reader never sees half an entry. An entry that cannot be read
   (a truncated file, a format from another version) is a miss and is removed.
@@ -128,7 +129,7 @@ def trace_key(path: str | os.PathLike, options: dict | None) -> str | None:
     try:
         if not os.path.isfile(path):
             return None
-        content = file_digest(path)
+        content = content_digest(path)
     except OSError:
         return None
     text = json.dumps({"content": content, "options": options, "code": code_digest()}, sort_keys=True)
@@ -144,6 +145,32 @@ def file_digest(path: str | os.PathLike) -> str:
         while n := fh.readinto(buf):
             h.update(view[:n])
     return h.hexdigest()
+
+
+def content_digest(path: str | os.PathLike) -> str:
+    """:func:`file_digest` of ``path``, remembered in the store under the file's identity
+    and state (real path, device, inode, size, modification and change times in ns):
+    the same file unchanged is not read again. Any write changes the change time (which
+    no user can set back), so a changed file is hashed anew; the entry keys stay
+    content digests."""
+    root = cache_root()
+    st = os.stat(path)
+    ident = (f"{os.path.realpath(path)}\0{st.st_dev}\0{st.st_ino}\0{st.st_size}\0{st.st_mtime_ns}"
+             f"\0{st.st_ctime_ns}")
+    memo = root / "digests" / hashlib.sha256(ident.encode()).hexdigest() if root is not None else None
+    if memo is not None:
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            known = memo.read_text()
+            if len(known) == 64:
+                return known
+    digest = file_digest(path)
+    if memo is not None:
+        with contextlib.suppress(OSError):
+            memo.parent.mkdir(parents=True, exist_ok=True)
+            tmp = memo.with_name(f".{memo.name}.{os.getpid()}")
+            tmp.write_text(digest)
+            os.replace(tmp, memo)
+    return digest
 
 
 def _entry(key: str) -> Path:
@@ -311,9 +338,12 @@ def _alive(pid: str) -> bool:
 
 
 def clear() -> int:
-    """Remove every prepared trace; the bytes freed."""
+    """Remove every prepared trace (and the remembered file digests); the bytes freed."""
     freed = 0
     for d, size, _ in entries():
         shutil.rmtree(d, ignore_errors=True)
         freed += size
+    root = cache_root()
+    if root is not None:
+        shutil.rmtree(root / "digests", ignore_errors=True)
     return freed
