@@ -314,8 +314,8 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 unbounded[r] = 0
             r += 1
             continue
-        if (counters[CT_HEAP] + n + 1 > heap.shape[1] or rec_key.shape[0] - counters[CT_REC] + counters[CT_FREE] < 2 * K * n + 1
-                or counters[CT_FLAG] + n + 1 > pend_head.shape[1]):
+        if (counters[CT_HEAP] + n + 1 > heap.shape[1] or counters[CT_FLAG] + n + 1 > pend_head.shape[1]
+                or rec_key.shape[0] - counters[CT_REC] + counters[CT_FREE] < 2 * K * n + 1):
             status = GROW
             break
         m = hit_limit(tokens, lo, hi, block_tokens, cap, full_only)  # hits over at most m leading blocks
@@ -412,14 +412,25 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
             ds[:n] = np.sort(dq[:n])
         if unbounded.shape[0] > 0:
             unbounded[r] = _first_at_least(pm, m, COLD)
+        hp = dp = 0  # the searches below walk forward while the pools' id counts grow (pools ascending)
+        last_kk = -1
         for k in range(K):
             P = pools[k]
             kk = k_ids[k]
             tr = top_rec[k]
             lt = l_top[k]
             track = tr >= 0 and (rec_flags[tr] & ALIVE) != 0
-            h = _first_at_least(pm, m, kk)
-            new_ids = n - _first_at_least(ds, n, kk)  # hashable blocks not cached (none of them hit)
+            if kk >= last_kk:
+                while hp < m and pm[hp] < kk:
+                    hp += 1
+                while dp < n and ds[dp] < kk:
+                    dp += 1
+            else:
+                hp = _first_at_least(pm, m, kk)
+                dp = _first_at_least(ds, n, kk)
+            last_kk = kk
+            h = hp
+            new_ids = n - dp  # hashable blocks not cached (none of them hit)
             n1 = nh - h - new_ids  # cached but not hit
             if n1 > 0:
                 n1 = 0
