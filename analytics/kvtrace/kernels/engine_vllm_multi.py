@@ -60,8 +60,8 @@ from numba import njit
 from kvtrace.config import NJIT
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP, hit_limit
 from kvtrace.kernels.memory import table_full, table_zeros
-from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, compact_slots,
-                                       prefix_of, tree_layout)
+from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, prefix_of,
+                                       tree_layout)
 
 # counters (int64[N_CT]): ghost records handed out (the high-water mark), ids with a ghost record, most
 # entries on one heap, records free for reuse (on the free list), ghosts made in all
@@ -87,9 +87,9 @@ def multi_capable(rules: int) -> bool:
 
 def state_bytes(n_ids: int) -> int:
     """Bytes of a :class:`MultiState` over ``n_ids`` ids, ghosts aside: the stack
-    (an int32 and an int8 table over ~2 slots per id, each id's slot) and each id's
-    last touch and ghost index."""
-    return (2 * (4 + 1) + 4 + 4 + 4) * int(n_ids)
+    (an int8 table over ~2 slots per id and an int32 scratch for compactions, each id's
+    slot) and each id's ghost index."""
+    return (2 * (4 + 1) + 4 + 4) * int(n_ids)
 
 
 class MultiState:
@@ -100,9 +100,10 @@ class MultiState:
         # the stack of kvtrace.kernels.stackdist.StackState, int32 tables (every count fits)
         slots, self.offsets = tree_layout(n_ids)
         self.tree = table_zeros(max(int(self.offsets[-1]), 1), np.int32)
-        self.slot_block = table_full(slots, -1, np.int32)
+        self.renumber = np.empty(slots, dtype=np.int32)  # a compaction's new slot numbers (scratch)
         self.slot_size = table_zeros(slots, np.int8)  # 1 at a live slot
-        self.last_slot = table_full(int(n_ids), -1, np.int32)
+        # each id's slot, with a mark bit above every slot number for the ids that have ghost lists
+        self.last_slot = table_full(int(n_ids), -1, np.int32 if slots < (1 << 30) else np.int64)
         self.scalars = np.zeros(4, dtype=np.int64)
         self.scalars[CACHE_SLOT] = -1
         self.cidx = table_full(int(n_ids), -1, np.int32)
@@ -153,7 +154,7 @@ class MultiState:
                 setattr(self, name, new)
 
     def arrays(self):
-        return (self.tree, self.offsets, self.slot_block, self.slot_size, self.last_slot, self.scalars, self.cidx,
+        return (self.tree, self.offsets, self.renumber, self.slot_size, self.last_slot, self.scalars, self.cidx,
                 self.pools, self.k_ids, self.n_ghost, self.top_rec, self.l_top, self.counters, self.heap, self.heap_n,
                 self.rec_key, self.rec_id, self.rec_next, self.rec_flags, self.free_rec, self.pend_head,
                 self.pend_tail)
@@ -201,6 +202,35 @@ def _newer(tree, offsets, slot_size, slot, total):
     if slot < 0:
         return total
     return total - prefix_of(tree, offsets, slot_size, slot, total)
+
+
+@njit(**NJIT)
+def _compact(tree, offsets, slot_size, last_slot, renumber, scalars, mark):
+    """:func:`kvtrace.kernels.stackdist.compact_slots` without a slot -> id table: live
+    slots (size 1) are numbered 0.. in order, each id's slot follows (keeping its
+    ``mark`` bit), and the sums are rebuilt, in O(slots + ids)."""
+    live = 0
+    for s in range(scalars[NEXT_SLOT]):
+        if slot_size[s]:
+            renumber[s] = live
+            live += 1
+    for b in range(last_slot.shape[0]):
+        v = last_slot[b]
+        if v >= 0:
+            last_slot[b] = renumber[v & (mark - 1)] | (v & mark)
+    slot_size[:live] = 1
+    slot_size[live:scalars[NEXT_SLOT]] = 0
+    tree[:] = 0
+    if offsets.shape[0] > 2:
+        base = offsets[1]
+        for s in range(live):
+            tree[base + (s >> SHIFT)] += 1
+        for level in range(2, offsets.shape[0] - 1):
+            below = offsets[level - 1]
+            for u in range(offsets[level] - below):
+                tree[offsets[level] + (u >> SHIFT)] += tree[below + u]
+    scalars[NEXT_SLOT] = live
+    scalars[CACHE_SLOT] = -1
 
 
 @njit(**NJIT)
@@ -272,7 +302,7 @@ def _first_at_least(a, n, x):
 
 @njit(**NJIT)
 def multi_chunk(block, tokens, lrs, block_tokens, rules,
-                tree, offsets, slot_block, slot_size, last_slot, scalars, cidx, pools, k_ids,
+                tree, offsets, renumber, slot_size, last_slot, scalars, cidx, pools, k_ids,
                 n_ghost, top_rec, l_top, counters, heap, heap_n, rec_key, rec_id, rec_next, rec_flags,
                 free_rec, pend_head, pend_tail, start, hit_blocks, unbounded):
     """Requests ``start..`` of one chunk (``lrs``: their offsets into ``block``/``tokens``)
@@ -285,7 +315,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
     cap = (rules & LAST_TOKEN_CAP) != 0
     full_only = (rules & FULL_BLOCKS_ONLY) != 0
     K = pools.shape[0]
-    n_slots = slot_block.shape[0]
+    n_slots = slot_size.shape[0]
     top = offsets.shape[0] - 1
     next_slot = scalars[NEXT_SLOT]
     total = scalars[TOTAL]
@@ -300,6 +330,9 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
     sq = np.empty(max_n, dtype=np.int64)  # slot before the request's touch
     case1 = np.empty(max_n, dtype=np.int64)
     cq = np.empty(max_n, dtype=np.int64)  # ghost index of each hit candidate's id
+    fl = np.empty(max_n, dtype=np.bool_)  # whether its id has ghost lists (the mark bit of its slot)
+    mark = np.int64(1) << np.int64(30 if last_slot.itemsize == 4 else 62)  # above every slot number
+    low = mark - 1
     pm = np.empty(max_n, dtype=np.int64)  # running maximum of the distances over the hit candidates
     ds = np.empty(max_n, dtype=np.int64)  # the distances, sorted
     status = DONE
@@ -326,7 +359,9 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
             b = block[t]
             hb = (not full_only) or tokens[t] == block_tokens
             hq[j] = hb
-            s = last_slot[b] if hb else -1
+            raw = last_slot[b] if hb else -1
+            s = raw & low if raw >= 0 else -1
+            fl[j] = raw >= 0 and (raw & mark) != 0
             sq[j] = s
             if not hb or s < 0:
                 dq[j] = COLD
@@ -351,19 +386,20 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
             _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags, counters, free_rec,
                              top_rec)
             scalars[NEXT_SLOT] = next_slot
-            compact_slots(tree, offsets, slot_block, slot_size, np.empty(0, dtype=np.int64), last_slot, scalars)
+            _compact(tree, offsets, slot_size, last_slot, renumber, scalars, mark)
             next_slot = scalars[NEXT_SLOT]
             cache_slot = -1
             cache_sum = 0
             for j in range(n):
                 if sq[j] >= 0:
-                    sq[j] = last_slot[block[lo + j]]
+                    sq[j] = last_slot[block[lo + j]] & low
         first_new = next_slot
         for j in range(n - 1, -1, -1):
             if not hq[j]:
                 continue
             b = block[lo + j]
-            s = last_slot[b]
+            raw = last_slot[b]
+            s = raw & low if raw >= 0 else -1
             if s >= first_new:  # touched already by this request
                 status = REPEATED_ID
                 break
@@ -372,7 +408,6 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 for level in range(1, top):
                     i >>= SHIFT
                     tree[offsets[level] + i] -= 1
-                slot_block[s] = -1
                 slot_size[s] = 0
                 if s <= cache_slot:
                     cache_sum -= 1
@@ -382,9 +417,8 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
             for level in range(1, top):
                 i >>= SHIFT
                 tree[offsets[level] + i] += 1
-            slot_block[next_slot] = b
             slot_size[next_slot] = 1
-            last_slot[b] = next_slot
+            last_slot[b] = next_slot | (raw & mark if raw >= 0 else 0)
             next_slot += 1
         if status == REPEATED_ID:
             break
@@ -398,7 +432,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 if dq[j] > top_d:
                     top_d = dq[j]
                 pm[j] = top_d
-            cq[j] = cidx[block[lo + j]] if j < m else -1
+            cq[j] = cidx[block[lo + j]] if j < m and fl[j] else -1
             if cq[j] >= 0:
                 flagged = True
             if n <= 32:  # insertion sort: most requests are short
@@ -471,6 +505,7 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                     c = counters[CT_FLAG]
                     counters[CT_FLAG] += 1
                     cidx[b] = c
+                    last_slot[b] |= mark  # its next queries see it has ghost lists, without reading cidx
                 g = _new_record(counters, free_rec)
                 rec_key[g], rec_id[g], rec_next[g], rec_flags[g] = (sq[j] + 1) << SUB_BITS, b, -1, ALIVE | PENDING
                 if pend_tail[k, c] >= 0:
