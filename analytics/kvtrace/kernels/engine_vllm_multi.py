@@ -58,7 +58,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP, hit_limit
+from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP
 from kvtrace.kernels.memory import table_full, table_zeros
 from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, prefix_of,
                                        tree_layout)
@@ -330,7 +330,6 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
     sq = np.empty(max_n, dtype=np.int64)  # slot before the request's touch
     case1 = np.empty(max_n, dtype=np.int64)
     cq = np.empty(max_n, dtype=np.int64)  # ghost index of each hit candidate's id
-    fl = np.empty(max_n, dtype=np.bool_)  # whether its id has ghost lists (the mark bit of its slot)
     mark = np.int64(1) << np.int64(30 if last_slot.itemsize == 4 else 62)  # above every slot number
     low = mark - 1
     pm = np.empty(max_n, dtype=np.int64)  # running maximum of the distances over the hit candidates
@@ -351,20 +350,26 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                 or rec_key.shape[0] - counters[CT_REC] + counters[CT_FREE] < 2 * K * n + 1):
             status = GROW
             break
-        m = hit_limit(tokens, lo, hi, block_tokens, cap, full_only)  # hits over at most m leading blocks
-        # 1. query every block against the stack as the request finds it
+        # 1. query every block against the stack as the request finds it; beside it the request's hit limit
+        # (hit_limit), the running maximum of its distances, their sorted order and its ids with ghost lists
         nh = 0
+        m = n  # full blocks only: up to the first partial one
+        top_d = -1
+        flagged = False  # a hit candidate whose id has ghost lists
         for j in range(n):
             t = lo + j
             b = block[t]
             hb = (not full_only) or tokens[t] == block_tokens
+            if not hb and m == n:
+                m = j
             hq[j] = hb
             raw = last_slot[b] if hb else -1
             s = raw & low if raw >= 0 else -1
-            fl[j] = raw >= 0 and (raw & mark) != 0
             sq[j] = s
-            if not hb or s < 0:
-                dq[j] = COLD
+            if not hb:
+                d = -1  # below every count: never new, never older than a ghost
+            elif s < 0:
+                d = COLD
             else:
                 if cache_slot >= 0 and cache_slot - WALK <= s <= cache_slot + WALK:
                     acc = cache_sum
@@ -378,9 +383,34 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
                     acc = prefix_of(tree, offsets, slot_size, s, total)
                 cache_slot = s
                 cache_sum = acc
-                dq[j] = total - acc
+                d = total - acc
+            dq[j] = d
+            if d > top_d:  # hits are the leading run of cached blocks: a prefix maximum below K
+                top_d = d
+            pm[j] = top_d
+            if raw >= 0 and (raw & mark) != 0:
+                cq[j] = cidx[b]
+                flagged = True
+            else:
+                cq[j] = -1
+            if n <= 32:  # insertion sort: most requests are short
+                i = j
+                while i > 0 and ds[i - 1] > d:
+                    ds[i] = ds[i - 1]
+                    i -= 1
+                ds[i] = d
             if hb:
                 nh += 1
+        if n > 32:
+            ds[:n] = np.sort(dq[:n])
+        if cap:  # a block whose tokens end after the prompt's length - 1: the last one(s)
+            after = 0
+            j = n - 1
+            while j >= 0 and after < 1:
+                if j < m:
+                    m = j
+                after += tokens[lo + j]
+                j -= 1
         # 2. touch tail first (the first block newest); compact first if the slots would run out
         if next_slot + nh > n_slots:
             _renumber_ghosts(tree, offsets, slot_size, total, heap, heap_n, rec_key, rec_flags, counters, free_rec,
@@ -423,27 +453,6 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
         if status == REPEATED_ID:
             break
         # 3. every pool, against its state before the request
-        flagged = False  # a hit candidate with ghost records somewhere
-        top_d = -1
-        for j in range(n):
-            if not hq[j]:
-                dq[j] = -1  # below every count: never new, never older than a ghost
-            if j < m:  # hits are the leading run of cached blocks: a prefix maximum below K
-                if dq[j] > top_d:
-                    top_d = dq[j]
-                pm[j] = top_d
-            cq[j] = cidx[block[lo + j]] if j < m and fl[j] else -1
-            if cq[j] >= 0:
-                flagged = True
-            if n <= 32:  # insertion sort: most requests are short
-                d = dq[j]
-                i = j
-                while i > 0 and ds[i - 1] > d:
-                    ds[i] = ds[i - 1]
-                    i -= 1
-                ds[i] = d
-        if n > 32:
-            ds[:n] = np.sort(dq[:n])
         if unbounded.shape[0] > 0:
             unbounded[r] = _first_at_least(pm, m, COLD)
         hp = dp = 0  # the searches below walk forward while the pools' id counts grow (pools ascending)
