@@ -520,8 +520,9 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
     share one pass of :mod:`kvtrace.kernels.engine_vllm_multi`.
 
     A chunk's replays run on the workers (the shared pass on one, the other pools one
-    after another on the other) while the calling thread computes its running sums; its
-    hits are added up in two halves while the next chunk replays."""
+    after another on the other) while the calling thread computes its per-request
+    weights and adds up the previous chunk's hits (in chunk order: the sums are the
+    one-thread order's)."""
     n_ids = int(trace.n_blocks)
     full_hits = bool(rules.bits & (LAST_TOKEN_CAP | FULL_BLOCKS_ONLY))  # no partial block ever hits
     together = [p for p in pools if multi and p.pages >= max(longest, 1)]
@@ -551,43 +552,52 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
             members = [p for item in shared for p in item.members] + single
             K = len(members)
             lanes = [single] if shared else [single[0::2], single[1::2]]  # replays of the other pools
-            pending = []  # the previous chunk's sums, submitted while this one replays
+            running = []  # futures of the chunk replaying: the shared pass's, the other pools'
+            prev = None  # the previous chunk's hits and weights, added up while this one replays
             try:
                 for ch in trace.chunks(local_req=False):
                     block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
-                    tokens = np.ascontiguousarray(ch.tokens, dtype=np.int64)
+                    tokens = ch.tokens
                     n = ch.lrs.shape[0] - 1
                     hit = np.zeros((K, n), dtype=np.int32)
                     rej = np.zeros((K, n), dtype=np.bool_)
-                    steps, at = [], 0
+                    # each state sees its chunks in order; the shared pass does not wait for the other pools
+                    nxt, at = [], 0
                     for item in shared:
-                        steps.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
-                                               hit[at:at + len(item.members)]))
+                        for f in running[:len(shared)]:
+                            f.result()
+                        nxt.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
+                                             hit[at:at + len(item.members)]))
                         at += len(item.members)
+                    for f in running[len(shared):]:
+                        f.result()
                     for lane in lanes:
                         def run(lane=lane, ch=ch, block=block, tokens=tokens, hit=hit, rej=rej):
                             for p in lane:
                                 k = members.index(p)
                                 p.replay(ch, block, tokens, B, rules.bits, hit[k], rej[k])
-                        steps.append(ex.submit(run))
+                        nxt.append(ex.submit(run))
+                    for f in running:  # the previous chunk, complete before it is added up
+                        f.result()
+                    running = nxt
                     tot = np.empty((n, 4), dtype=np.float64)
                     # with whole-block hits the weights follow from the hit counts: only the totals
                     cum = np.empty((0 if full_hits else block.shape[0], 4), dtype=np.float64)
                     request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum, tot)
-                    for f in pending:
-                        f.result()
-                    for f in steps:
-                        f.result()
-                    half = K // 2
-                    pending = [ex.submit(_accumulate_pools, members[a:b], hit[a:b], rej[a:b], ch, cum, tot, B,
-                                         plan.first_req, req_group) for a, b in ((0, half), (half, K)) if b > a]
-                    done += ch.hi - ch.lo
-                    if progress is not None:
+                    if prev is not None:
+                        _accumulate_pools(members, *prev, B, plan.first_req, req_group)
+                    prev = (hit, rej, ch, cum, tot)
+                    if progress is not None and done:
                         progress(done, total)
-                for f in pending:
+                    done += ch.hi - ch.lo
+                for f in running:
                     f.result()
+                if prev is not None:
+                    _accumulate_pools(members, *prev, B, plan.first_req, req_group)
+                if progress is not None:
+                    progress(done, total)
             finally:
-                for f in pending:
+                for f in running:
                     f.cancel()
                 for item in group:
                     item.close()
