@@ -73,22 +73,17 @@ def test_only_rule_sets_with_hashless_blocks_at_the_head_are_shared():
 
 
 @pytest.mark.parametrize("seed", range(60))
-def test_one_pass_equals_a_replay_per_pool_on_chained_traces(seed):
-    rng = np.random.default_rng(seed)
-    reqs = random_requests(rng, int(rng.integers(1, 150)), B)
-    if seed % 2:  # every prompt block-aligned: the capped last block is copied again and again
-        for r in reqs:
-            r["tokens"] = [B] * len(r["blocks"])
-    block, tok, starts, n_ids = kernel_columns(reqs)
-    pools = pools_from(rng, int(np.diff(starts).max(initial=0)), n_ids)
-    for bits in CAPABLE:
-        assert_equal_to_replays(block, tok, starts, n_ids, pools, bits)
-
-
-@pytest.mark.parametrize("seed", range(60))
-def test_one_pass_equals_a_replay_per_pool_without_chaining(seed):
-    rng = np.random.default_rng(1000 + seed)
-    reqs = unchained_requests(rng, int(rng.integers(1, 250)), int(rng.integers(2, 40)))
+@pytest.mark.parametrize("kind", ["chained", "unchained"])
+def test_one_pass_equals_a_replay_per_pool(kind, seed):
+    if kind == "chained":
+        rng = np.random.default_rng(seed)
+        reqs = random_requests(rng, int(rng.integers(1, 150)), B)
+        if seed % 2:  # every prompt block-aligned: the capped last block is copied again and again
+            for r in reqs:
+                r["tokens"] = [B] * len(r["blocks"])
+    else:
+        rng = np.random.default_rng(1000 + seed)
+        reqs = unchained_requests(rng, int(rng.integers(1, 250)), int(rng.integers(2, 40)))
     block, tok, starts, n_ids = kernel_columns(reqs)
     pools = pools_from(rng, int(np.diff(starts).max(initial=0)), n_ids)
     for bits in CAPABLE:
@@ -128,7 +123,7 @@ def test_ghosts_live_through_many_compactions():
     pools = [8, 9, 10, 12, 14]
     assert_equal_to_replays(block, tok, starts, n_ids, pools, V.ALL_RULES)
     # the case does what it says: ghosts created, several sharing a gap after a compaction
-    state = M.MultiState(n_ids, pools, block.shape[0])
+    state = M.MultiState(n_ids, pools)
     hit = np.zeros((len(pools), starts.shape[0] - 1), dtype=np.int32)
     r, compactions, shared_gap, most_alive = 0, 0, False, 0
     for i in range(starts.shape[0] - 1):

@@ -34,7 +34,6 @@ histogram), with these differences, stated in ``info``:
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -224,51 +223,16 @@ def request_sums(tokens, pos, block, size, lrs, block_tokens, cum, tot):
 
 
 @njit(**NJIT)
-def _accumulate(hit_blocks, rejected, cum, lrs, r0, first_req, req_group, hist, req_hist, n_rejected):
-    """Add one chunk's hits at one capacity: the one-capacity histogram ``hist[2,
-    n_groups, 3, 4]`` (bin 0 hit, bin 2 miss; the weights of
-    :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, and the
-    measured requests per group ``req_hist[2, n_groups, 3]`` (``[0]``: whether the
-    request hit, ``[1]``: whether its hit covers half its prompt tokens; bin 0 yes, bin
-    2 no: the bins :func:`kvtrace.analyses.curves.evaluate_pass` takes). The hit blocks
-    of a request are its first ``hit_blocks``, so its hit and miss weights are
-    differences of :func:`request_sums`: O(1) per request and capacity."""
-    grouped = req_group.shape[0] > 0
-    G = hist.shape[1]
-    loc = np.zeros((G, 2, 4), dtype=np.float64)  # the chunk's hit / miss weights per group, added at the end
-    for i in range(lrs.shape[0] - 1):
-        r = r0 + i
-        if r < first_req:
-            continue
-        lo, hi = lrs[i], lrs[i + 1]
-        h = hit_blocks[i]
-        g = req_group[r] if grouped else 0
-        total = cum[hi - 1, 1] if hi > lo else 0.0
-        got = cum[lo + h - 1, 1] if h > 0 else 0.0
-        req_hist[0, g, 0 if h >= 1 else 2] += 1.0
-        req_hist[1, g, 0 if hi > lo and got >= np.floor((total + 1.0) / 2.0) else 2] += 1.0
-        if hi == lo:
-            continue
-        if rejected[i]:
-            n_rejected[0] += 1
-            n_rejected[1] += np.int64(total)
-        for w in range(4):
-            on = cum[lo + h - 1, w] if h > 0 else 0.0
-            loc[g, 0, w] += on
-            loc[g, 1, w] += cum[hi - 1, w] - on
-    for g in range(G):
-        for w in range(4):
-            for x in range(2):
-                hist[x, g, 0, w] += loc[g, 0, w]
-                hist[x, g, 2, w] += loc[g, 1, w]
-
-
-@njit(**NJIT)
 def _accumulate_many(hit_blocks, rejected, cum, tot, block_tokens, lrs, r0, first_req, req_group, hists, req_hists,
                      n_rejected):
-    """:func:`_accumulate` of one chunk at several capacities (``hit_blocks[k, i]``,
-    ``rejected[k, i]`` or an empty second axis when none rejects, ``hists[k]``,
-    ``req_hists[k]``, ``n_rejected[k]``): one sweep over the requests.
+    """Add one chunk's hits at several capacities (``hit_blocks[k, i]``, ``rejected[k, i]``
+    or an empty second axis when none rejects) to each capacity's one-capacity histogram
+    ``hists[k]`` (``[2, n_groups, 3, 4]``: bin 0 hit, bin 2 miss; the weights of
+    :func:`kvtrace.kernels.hitcurve.binned_hits_into`) of measured accesses, its measured
+    requests per group ``req_hists[k]`` (``[2, n_groups, 3]``: ``[0]`` whether the request
+    hit, ``[1]`` whether its hit covers half its prompt tokens; bin 0 yes, bin 2 no: the
+    bins :func:`kvtrace.analyses.curves.evaluate_pass` takes) and ``n_rejected[k]``
+    (requests rejected, their prompt tokens), in one sweep over the requests.
 
     A request's hit weights are its running sums (``cum``, :func:`request_sums`) at its
     last hit block; when only full blocks can hit (the last-token cap or full blocks
@@ -373,8 +337,8 @@ class _Pool:
         self.state = self.slots = self.cached = None
 
     def replay(self, ch, block, tokens, B, rules, hit, rej) -> None:
-        """Replay chunk ``ch`` (its ``block`` and ``tokens`` as int64): each request's hit
-        blocks into ``hit``, whether it was rejected into ``rej``."""
+        """Replay chunk ``ch`` (``block`` int64, ``tokens`` as the chunk has them): each
+        request's hit blocks into ``hit``, whether it was rejected into ``rej``."""
         if self.state is None:
             _unbounded_chunk(block, tokens, ch.lrs, B, rules, self.cached, hit)
         else:
@@ -451,13 +415,13 @@ class _MultiPools:
     """The pools holding at least the longest request, replayed together in one pass
     (:mod:`kvtrace.kernels.engine_vllm_multi`)."""
 
-    def __init__(self, pools, n_ids: int, n_accesses: int, ceiling=None):
-        self.pools, self.n_ids, self.n_accesses, self.ceiling = pools, n_ids, n_accesses, ceiling
+    def __init__(self, pools, n_ids: int, ceiling=None):
+        self.pools, self.n_ids, self.ceiling = pools, n_ids, ceiling
         self.members = pools + ([ceiling] if ceiling is not None else [])  # the hits it fills, in order
         self.state = None
 
     def open(self) -> None:
-        self.state = M.MultiState(self.n_ids, [p.pages for p in self.pools], self.n_accesses)
+        self.state = M.MultiState(self.n_ids, [p.pages for p in self.pools])
 
     def close(self) -> None:
         self.state = None
@@ -497,9 +461,9 @@ class _InPlace:
         return f
 
 
-def _accumulate_pools(pools, hit, rej, ch, cum, tot, B, first_req, req_group) -> None:
-    """Add chunk ``ch``'s hits ``hit[k]`` (rejections ``rej[k]``) at each of ``pools``
-    (:func:`_accumulate_many`)."""
+def _accumulate_pools(pools, hit, rej, lrs, r0, cum, tot, B, first_req, req_group) -> None:
+    """Add the hits ``hit[k]`` (rejections ``rej[k]``) of requests ``r0..`` (local offsets
+    ``lrs``) at each of ``pools`` (:func:`_accumulate_many`)."""
     if not pools:
         return
     if not rej.any():
@@ -507,7 +471,7 @@ def _accumulate_pools(pools, hit, rej, ch, cum, tot, B, first_req, req_group) ->
     hists = np.stack([p.hist for p in pools])
     req_hists = np.stack([p.req_hist for p in pools])
     n_rej = np.stack([p.rejected for p in pools])
-    _accumulate_many(hit, rej, cum, tot, B, ch.lrs, ch.r, first_req, req_group, hists, req_hists, n_rej)
+    _accumulate_many(hit, rej, cum, tot, B, lrs, r0, first_req, req_group, hists, req_hists, n_rej)
     for k, p in enumerate(pools):
         p.hist[...] = hists[k]
         p.req_hist[...] = req_hists[k]
@@ -531,7 +495,7 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
     ceiling = next((p for p in pools if p.pages < 0), None) if together else None  # the shared pass serves it too
     alone = [p for p in pools if p not in together and p is not ceiling]
     groups, cur, used = [], [], 0
-    for item in ([_MultiPools(together, n_ids, int(trace.n_accesses), ceiling)] if together else []) + alone:
+    for item in ([_MultiPools(together, n_ids, ceiling)] if together else []) + alone:
         # capacities replayed together while their state fits the budget
         need = M.state_bytes(n_ids) if isinstance(item, _MultiPools) else _state_bytes(item.pages, n_ids)
         if cur and used + need > STATE_BUDGET_BYTES:
@@ -550,6 +514,7 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
             for p in single:
                 p.open(vllm_state=True)
             members = [p for item in shared for p in item.members] + single
+            row = {id(p): k for k, p in enumerate(members)}  # each pool's row of a chunk's hits
             K = len(members)
             lanes = [single] if shared else [single[0::2], single[1::2]]  # replays of the other pools
             running = []  # futures of the chunk replaying: the shared pass's, the other pools'
@@ -563,22 +528,20 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                     rej = np.zeros((K, n), dtype=np.bool_)
                     # each state sees its chunks in order; the shared pass does not wait for the other pools
                     nxt, at = [], 0
+                    for f in running[:len(shared)]:
+                        f.result()
                     for item in shared:
-                        for f in running[:len(shared)]:
-                            f.result()
                         nxt.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
                                              hit[at:at + len(item.members)]))
                         at += len(item.members)
-                    for f in running[len(shared):]:
+                    for f in running[len(shared):]:  # the previous chunk is then complete, to be added up
                         f.result()
                     for lane in lanes:
                         def run(lane=lane, ch=ch, block=block, tokens=tokens, hit=hit, rej=rej):
                             for p in lane:
-                                k = members.index(p)
+                                k = row[id(p)]
                                 p.replay(ch, block, tokens, B, rules.bits, hit[k], rej[k])
                         nxt.append(ex.submit(run))
-                    for f in running:  # the previous chunk, complete before it is added up
-                        f.result()
                     running = nxt
                     tot = np.empty((n, 4), dtype=np.float64)
                     # with whole-block hits the weights follow from the hit counts: only the totals
@@ -586,7 +549,7 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                     request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum, tot)
                     if prev is not None:
                         _accumulate_pools(members, *prev, B, plan.first_req, req_group)
-                    prev = (hit, rej, ch, cum, tot)
+                    prev = (hit, rej, ch.lrs, ch.r, cum, tot)
                     if progress is not None and done:
                         progress(done, total)
                     done += ch.hi - ch.lo
@@ -634,8 +597,8 @@ class _Whole:
         self.pos = np.concatenate([c.pos for c in parts]) if parts else np.empty(0, np.int32)
 
     def accumulate(self, hit, rej, size, B, first_req, req_group, pool) -> None:
-        """:func:`_accumulate` of one pool's hits over the whole trace, in slices of
-        whole requests of about ``SLICE_ACCESSES`` accesses (its running sums are
+        """Add one pool's hits over the whole trace (:func:`_accumulate_pools`), in slices
+        of whole requests of about ``SLICE_ACCESSES`` accesses (their running sums are
         recomputed per slice, so memory stays bounded)."""
         lrs = self.lrs
         R = lrs.shape[0] - 1
@@ -647,9 +610,9 @@ class _Whole:
             if cum.shape[0] < hi - lo:  # one request longer than a slice
                 cum = np.empty((hi - lo, 4), dtype=np.float64)
             sl = lrs[r:e + 1] - lo
-            request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum, _NO_TOTALS)
-            _accumulate(hit[r:e], rej[r:e], cum, sl, r, first_req, req_group, pool.hist, pool.req_hist,
-                        pool.rejected)
+            tot = np.empty((e - r, 4), dtype=np.float64)
+            request_sums(self.tokens[lo:hi], self.pos[lo:hi], self.block[lo:hi], size, sl, B, cum, tot)
+            _accumulate_pools([pool], hit[None, r:e], rej[None, r:e], sl, r, cum, tot, B, first_req, req_group)
             r = e
 
 
@@ -723,7 +686,6 @@ def _in_flight(trace, pools, rules, B, size, plan, req_group, service_time, cach
 
 
 _NO_KEYS = np.empty(0, dtype=np.int64)
-_NO_TOTALS = np.empty((0, 4), dtype=np.float64)
 _NO_MEMBERS = np.empty(0, dtype=np.bool_)
 
 

@@ -19,7 +19,6 @@ import sys
 
 import typer
 
-
 from kvtrace import __version__
 from kvtrace.cli import cache, curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
 from kvtrace.cli.console import console

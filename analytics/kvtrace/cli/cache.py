@@ -27,8 +27,8 @@ def cache(
 
     root = prepared.cache_root()
     if root is None:
-        console.print(f"prepared traces are off ({prepared.CACHE_DIR_ENV}={os.environ.get(prepared.CACHE_DIR_ENV, '')})",
-                      markup=False)
+        setting = os.environ.get(prepared.CACHE_DIR_ENV, "")
+        console.print(f"prepared traces are off ({prepared.CACHE_DIR_ENV}={setting})", markup=False)
         return
     if clear:
         freed = prepared.clear()

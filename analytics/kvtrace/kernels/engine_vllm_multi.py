@@ -61,7 +61,7 @@ from kvtrace.config import NJIT
 from kvtrace.kernels.engine_vllm import FULL_BLOCKS_ONLY, HASHLESS_FIRST, LAST_TOKEN_CAP
 from kvtrace.kernels.memory import table_full, table_zeros
 from kvtrace.kernels.stackdist import (CACHE_SLOT, CACHE_SUM, COLD, NEXT_SLOT, SHIFT, TOTAL, WALK, prefix_of,
-                                       tree_layout)
+                                       rebuild_sums, tree_layout)
 
 # counters (int64[N_CT]): ghost records handed out (the high-water mark), ids with a ghost record, most
 # entries on one heap, records free for reuse (on the free list), ghosts made in all
@@ -96,7 +96,7 @@ class MultiState:
     """The state of a multi-pool pass over a trace of ``n_ids`` ids at pool sizes
     ``pools`` (each at least the longest request)."""
 
-    def __init__(self, n_ids: int, pools, n_accesses: int = 0) -> None:
+    def __init__(self, n_ids: int, pools) -> None:
         # the stack of kvtrace.kernels.stackdist.StackState, int32 tables (every count fits)
         slots, self.offsets = tree_layout(n_ids)
         self.tree = table_zeros(max(int(self.offsets[-1]), 1), np.int32)
@@ -220,15 +220,7 @@ def _compact(tree, offsets, slot_size, last_slot, renumber, scalars, mark):
             last_slot[b] = renumber[v & (mark - 1)] | (v & mark)
     slot_size[:live] = 1
     slot_size[live:scalars[NEXT_SLOT]] = 0
-    tree[:] = 0
-    if offsets.shape[0] > 2:
-        base = offsets[1]
-        for s in range(live):
-            tree[base + (s >> SHIFT)] += 1
-        for level in range(2, offsets.shape[0] - 1):
-            below = offsets[level - 1]
-            for u in range(offsets[level] - below):
-                tree[offsets[level] + (u >> SHIFT)] += tree[below + u]
+    rebuild_sums(tree, offsets, slot_size, live)
     scalars[NEXT_SLOT] = live
     scalars[CACHE_SLOT] = -1
 
@@ -309,9 +301,10 @@ def multi_chunk(block, tokens, lrs, block_tokens, rules,
     at every pool of the state (:meth:`MultiState.arrays`): ``hit_blocks[k, i]`` of pool
     k and the chunk's request i, and (when ``unbounded`` is not empty) ``unbounded[i]``,
     its hit at an unbounded pool (the leading blocks, within the cap, whose ids an
-    earlier request accessed: nothing is ever evicted). Returns ``(status, next request)``: :data:`DONE`, or
-    :data:`GROW` before a request the state has no room for (grow it and call again from
-    there), or :data:`REPEATED_ID` (the state is then unusable)."""
+    earlier request accessed: nothing is ever evicted). Returns ``(status, next
+    request)``: :data:`DONE`, or :data:`GROW` before a request the state has no room
+    for (grow it and call again from there), or :data:`REPEATED_ID` (the state is then
+    unusable)."""
     cap = (rules & LAST_TOKEN_CAP) != 0
     full_only = (rules & FULL_BLOCKS_ONLY) != 0
     K = pools.shape[0]

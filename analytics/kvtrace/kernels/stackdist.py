@@ -139,6 +139,21 @@ def prefix_of(tree, offsets, slot_size, slot, total):
 
 
 @njit(**NJIT)
+def rebuild_sums(tree, offsets, slot_size, live):
+    """Recompute every tree level from the sizes of slots ``0..live - 1`` (the slots
+    after them empty), in O(live)."""
+    tree[:] = 0
+    if offsets.shape[0] > 2:
+        base = offsets[1]
+        for s in range(live):
+            tree[base + (s >> SHIFT)] += slot_size[s]
+        for level in range(2, offsets.shape[0] - 1):
+            below = offsets[level - 1]
+            for u in range(offsets[level] - below):
+                tree[offsets[level] + (u >> SHIFT)] += tree[below + u]
+
+
+@njit(**NJIT)
 def compact_slots(tree, offsets, slot_block, slot_size, slot_time, last_slot, scalars):
     """Renumber live slots 0..live-1 in touch order and rebuild the sums in O(K).
 
@@ -157,15 +172,7 @@ def compact_slots(tree, offsets, slot_block, slot_size, slot_time, last_slot, sc
                 slot_time[live] = slot_time[s]
             last_slot[b] = live
             live += 1
-    tree[:] = 0
-    if offsets.shape[0] > 2:
-        base = offsets[1]
-        for s in range(live):
-            tree[base + (s >> SHIFT)] += slot_size[s]
-        for level in range(2, offsets.shape[0] - 1):
-            below = offsets[level - 1]
-            for u in range(offsets[level] - below):
-                tree[offsets[level] + (u >> SHIFT)] += tree[below + u]
+    rebuild_sums(tree, offsets, slot_size, live)
     scalars[NEXT_SLOT] = live
     scalars[CACHE_SLOT] = -1
 
