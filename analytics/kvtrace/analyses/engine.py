@@ -34,7 +34,7 @@ histogram), with these differences, stated in ``info``:
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 import numpy as np
@@ -483,10 +483,12 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
     passes over the trace's chunks; with ``multi`` the pools holding the longest request
     share one pass of :mod:`kvtrace.kernels.engine_vllm_multi`.
 
-    A chunk's replays run on the workers (the shared pass on one, the other pools one
-    after another on the other) while the calling thread computes its per-request
-    weights and adds up the previous chunk's hits (in chunk order: the sums are the
-    one-thread order's)."""
+    With a shared pass, it runs on one worker, taking the chunks in order as they are
+    queued (it never waits for the rest), while the calling thread replays the other
+    pools, computes the chunk's per-request weights and adds up the previous chunk's
+    hits: two runnable threads for two cores. Without one, the pools replay in two lanes
+    on two workers. Hits are added up in chunk order (the sums are the one-thread
+    order's)."""
     n_ids = int(trace.n_blocks)
     full_hits = bool(rules.bits & (LAST_TOKEN_CAP | FULL_BLOCKS_ONLY))  # no partial block ever hits
     together = [p for p in pools if multi and p.pages >= max(longest, 1)]
@@ -505,20 +507,23 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
         used += need
     groups.append(cur)
     done, total = 0, len(groups) * trace.n_accesses
-    with (ThreadPoolExecutor(max(2, threads)) if threads > 1 else _InPlace()) as ex:
-        for group in groups:  # a group's state exists only while its pass runs
-            shared = [item for item in group if isinstance(item, _MultiPools)]
-            single = [item for item in group if not isinstance(item, _MultiPools)]
+    for group in groups:  # a group's state exists only while its pass runs
+        shared = [item for item in group if isinstance(item, _MultiPools)]
+        single = [item for item in group if not isinstance(item, _MultiPools)]
+        members = [p for item in shared for p in item.members] + single
+        row = {id(p): k for k, p in enumerate(members)}  # each pool's row of a chunk's hits
+        K = len(members)
+        # with a shared pass: it on one worker, taking the chunks in order as they are queued, and the other
+        # pools on the calling thread (two runnable threads for two cores); without: the pools in two lanes
+        lanes = [single] if shared else [single[0::2], single[1::2]]
+        workers = 1 if shared else 2
+        with (ThreadPoolExecutor(workers) if threads > 1 else _InPlace()) as ex:
             for item in shared:
                 item.open()
             for p in single:
                 p.open(vllm_state=True)
-            members = [p for item in shared for p in item.members] + single
-            row = {id(p): k for k, p in enumerate(members)}  # each pool's row of a chunk's hits
-            K = len(members)
-            lanes = [single] if shared else [single[0::2], single[1::2]]  # replays of the other pools
-            running = []  # futures of the chunk replaying: the shared pass's, the other pools'
-            prev = None  # the previous chunk's hits and weights, added up while this one replays
+            running = []  # futures of the chunk replaying on the workers
+            prev = None  # the previous chunk's hits and weights, added up once its replays are done
             try:
                 for ch in trace.chunks(local_req=False):
                     block = np.ascontiguousarray(ch.block, dtype=np.int64)  # once per chunk, for every pool
@@ -526,42 +531,47 @@ def _vllm_passes(trace, pools, rules, B, size, plan, req_group, threads, progres
                     n = ch.lrs.shape[0] - 1
                     hit = np.zeros((K, n), dtype=np.int32)
                     rej = np.zeros((K, n), dtype=np.bool_)
-                    # each state sees its chunks in order; the shared pass does not wait for the other pools
-                    nxt, at = [], 0
-                    for f in running[:len(shared)]:
-                        f.result()
+                    at = 0
+                    if not shared:  # each lane sees its chunks in order
+                        for f in running:
+                            f.result()
+                    running = []
                     for item in shared:
-                        nxt.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
-                                             hit[at:at + len(item.members)]))
+                        running.append(ex.submit(item.replay, ch, block, tokens, B, rules.bits,
+                                                 hit[at:at + len(item.members)]))
                         at += len(item.members)
-                    for f in running[len(shared):]:  # the previous chunk is then complete, to be added up
-                        f.result()
                     for lane in lanes:
                         def run(lane=lane, ch=ch, block=block, tokens=tokens, hit=hit, rej=rej):
                             for p in lane:
                                 k = row[id(p)]
                                 p.replay(ch, block, tokens, B, rules.bits, hit[k], rej[k])
-                        nxt.append(ex.submit(run))
-                    running = nxt
+                        if shared:
+                            run()
+                        else:
+                            running.append(ex.submit(run))
                     tot = np.empty((n, 4), dtype=np.float64)
                     # with whole-block hits the weights follow from the hit counts: only the totals
                     cum = np.empty((0 if full_hits else block.shape[0], 4), dtype=np.float64)
                     request_sums(tokens, ch.pos, block, size, ch.lrs, B, cum, tot)
                     if prev is not None:
-                        _accumulate_pools(members, *prev, B, plan.first_req, req_group)
-                    prev = (hit, rej, ch.lrs, ch.r, cum, tot)
+                        for f in prev[-1]:
+                            f.result()
+                        _accumulate_pools(members, *prev[:-1], B, plan.first_req, req_group)
+                    prev = (hit, rej, ch.lrs, ch.r, cum, tot, running)
                     if progress is not None and done:
                         progress(done, total)
                     done += ch.hi - ch.lo
-                for f in running:
-                    f.result()
                 if prev is not None:
-                    _accumulate_pools(members, *prev, B, plan.first_req, req_group)
+                    for f in prev[-1]:
+                        f.result()
+                    _accumulate_pools(members, *prev[:-1], B, plan.first_req, req_group)
                 if progress is not None:
                     progress(done, total)
             finally:
-                for f in running:
+                pending = running + (prev[-1] if prev is not None else [])
+                for f in pending:
                     f.cancel()
+                wait(pending)  # a task still replaying holds its pool's state
                 for item in group:
                     item.close()
 
