@@ -12,8 +12,10 @@ $(BIN)/activate:
 	$(BIN)/pip install --quiet --upgrade pip
 
 # the demo writes an HTML chart: the png extra (vl-convert-python) renders it
+# byte-compiled as a wheel install is (commands start faster where bytecode is not written)
 $(VENV)/.installed: $(BIN)/activate pyproject.toml
 	$(BIN)/pip install --quiet -e '.[png]'
+	$(BIN)/python -m compileall -q analytics/kvtrace
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
