@@ -103,6 +103,24 @@ def _load_table():
     return load_curve(trace, configs, [LoadLevel(x) for x in (0.5, 1, 2, 4, 16, 64)], LoadModel()).table
 
 
+def _scenarios():
+    from kvtrace.analyses.response import ResponseModel
+    from kvtrace.analyses.scenario import load_scenario, run_scenarios
+    from kvtrace.ingest import load_trace
+    from kvtrace.model import resolve_gpu, resolve_model
+
+    gpu = resolve_gpu(None)
+    return run_scenarios(load_trace(SAMPLES / "chat.jsonl"), load_scenario(SAMPLES / "scenario.example.toml"),
+                         model=resolve_model(None), gpu=gpu,
+                         response=ResponseModel(recompute_flops_per_s=gpu.effective_flops))
+
+
+def _scenario_report():
+    from kvtrace.results import scenario_report
+
+    return scenario_report
+
+
 def _app_charts():
     from kvtrace.app import charts as app_charts
 
@@ -118,6 +136,8 @@ GALLERY = {
                       lambda: _charts().curve_chart(_curve("mixed.parquet", "type"))),
     "frontier": ("kvtrace.results.charts.frontier_chart", lambda: _charts().frontier_chart(_whatif_table())),
     "load": ("kvtrace.results.charts.load_chart", lambda: _charts().load_chart(_load_table())),
+    "scenario-timeline": ("kvtrace.results.scenario_report.timeline_chart",
+                          lambda: _scenario_report().timeline_chart(_scenarios())),
     "sizing-curve": ("kvtrace.results.charts.sizing_curve_chart", lambda: _charts().sizing_curve_chart(_sizing())),
     "sizing-cost": ("kvtrace.results.charts.cost_slo_chart", lambda: _charts().cost_slo_chart(_sizing())),
     "app-arrivals": ("kvtrace.app.charts.arrivals", lambda: _overview("arrivals")),

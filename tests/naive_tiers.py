@@ -119,11 +119,13 @@ class Tier:
 def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy="all", param=0.0, flash_lru=True, promotion="promote",
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16, rules=0):
+                   oracle_ok=None, sketch_width=16, rules=0, before=None):
     """Replay the trace through DRAM / local SSD / shared flash tiers.
 
     Same arguments as :func:`kvtrace.kernels.tiers.simulate_tiers`, except that
-    ``policy`` and ``promotion`` are names (:data:`POLICIES`, :data:`PROMOTIONS`).
+    ``policy`` and ``promotion`` are names (:data:`POLICIES`, :data:`PROMOTIONS`), and
+    ``before(r, drams, locals, shared, shift)``, if given, is called before each request
+    r with the tiers (``locals``/``shared`` None when absent) and the time shift.
 
     Returns
     -------
@@ -245,6 +247,8 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
 
     written = [[0, 0] for _ in range(len(starts) - 1)]  # per request: tokens written to local SSD, shared flash
     for r in range(len(starts) - 1):
+        if before is not None:  # a scenario's events before request r (tests/naive_scenario.py)
+            before(r, drams, locals_, shared, shift)
         current = r
         lo, hi = starts[r], starts[r + 1]
         n, now, now_q = node[r], ts[r], tq[r]

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHAT = ROOT / "sample_traces" / "chat.jsonl"
 MIXED = ROOT / "sample_traces" / "mixed.parquet"
 TIERS = ROOT / "sample_traces" / "tiers.example.toml"
+SCENARIOS = ROOT / "sample_traces" / "scenario.example.toml"
 RUNNER = CliRunner()
 
 
@@ -52,6 +53,8 @@ def outputs(tmp_path_factory):
     run("size", CHAT, "--config", TIERS, "--out", d / "size.parquet", "--json", d / "size.json")
     run("load", CHAT, "--dram", "64GiB", "--flash", "1TiB", "--local-ssd", "256GiB", "--load", "1x,64x",
         "--out", d / "load.parquet", "--resources-out", d / "resources.parquet", "--json", d / "load.json")
+    run("scenario", CHAT, "--config", SCENARIOS, "--out", d / "scenario.parquet", "--timeline-out",
+        d / "timeline.parquet", "--json", d / "scenario.json")
     return d
 
 
@@ -90,6 +93,13 @@ def test_every_column_each_command_writes_is_listed_under_its_table(outputs):
         assert_listed(row, "load")
     for row in doc["resources"]:
         assert_listed(row, "load_resources")
+    assert_listed(pl.read_parquet_schema(d / "scenario.parquet").names(), "scenario")
+    assert_listed(pl.read_parquet_schema(d / "timeline.parquet").names(), "scenario_timeline")
+    doc = json.loads((d / "scenario.json").read_text())
+    for key, table in (("scenarios", "scenario"), ("timeline", "scenario_timeline"), ("events", "scenario_events")):
+        assert doc[key]
+        for row in doc[key]:
+            assert_listed(row, table)
     for row in size["search"]:
         assert_listed(row, "size")
     for row in size["knees"]:

@@ -419,6 +419,65 @@ _LOAD_RESOURCES = {
     "mean_work_ms": ("ms", "mean service work"),
 }
 
+_SCENARIO = {
+    "scenario": ("text", "scenario name (`plain`: the baseline without events)"),
+    "events": ("text", "its events, as the scenario file states them"),
+    "ttft_p50_ms": _TTFT["ttft_p50_ms"], "ttft_p99_ms": _TTFT["ttft_p99_ms"], "ttft_p999_ms": _TTFT["ttft_p999_ms"],
+    "goodput_rps": _LOAD["goodput_rps"], "slo_attainment": _LOAD["slo_attainment"],
+    "restore_share": _LOAD["restore_share"], "recompute_share": _LOAD["recompute_share"],
+    "prefix_token_hit_rate": ("share", "usable-prefix tokens / prompt tokens of the measured requests"),
+    "dram_read_bytes": _LOAD["dram_read_bytes"], "local_read_bytes": _LOAD["local_read_bytes"],
+    "flash_read_bytes": _LOAD["flash_read_bytes"],
+    **{f"{t}_read_share": ("share", f"share of the restored usable-prefix bytes read from {w}")
+       for t, w in (("dram", "DRAM"), ("local", "local SSDs"), ("flash", "the shared flash"))},
+    "flash_write_bytes": ("bytes", "bytes written to the shared flash by the measured requests' touches"),
+    "local_write_bytes": ("bytes", "bytes written to local SSDs by the measured requests' touches"),
+    "recompute_gpu_seconds": ("GPU-s", "prefill GPU-seconds of reusable tokens recomputed (cached before, "
+                                       "missing now)"),
+    "prefill_gpu_seconds": ("GPU-s", "prefill GPU-seconds of every token no tier served (new and recomputed)"),
+    "extra_prefill_gpu_seconds": ("GPU-s", "prefill_gpu_seconds minus the baseline's (the prefill storm)"),
+    "hit_rate_shortfall": ("share", "largest per-bin prefix_token_hit_rate below the baseline's, from the first "
+                                    "event's bin on"),
+    "recovered_after_s": ("s", "from the first event to the first bin after which the per-bin hit rate stays "
+                               "within the tolerance of the baseline's (null: not within the trace)"),
+    "recovered": ("bool", "whether it did within the trace"),
+    **{f"wait_p99_{r}_ms": _LOAD[f"wait_p99_{r}_ms"] for r in ("host_link", "nic", "local_ssd", "flash", "uplink",
+                                                              "gpu")},
+    "overloaded": _LOAD["overloaded"],
+    "dropped_blocks": ("blocks", "blocks the events deleted from the tiers (a block once per tier)"),
+    "dropped_bytes": ("bytes", "their bytes"),
+}
+
+_SCENARIO_TIMELINE = {
+    "scenario": _SCENARIO["scenario"],
+    "bin_start_s": ("s", "start of the bin, after the trace's first request"),
+    "requests": ("count", "measured requests arriving in the bin"),
+    "prefix_token_hit_rate": _SCENARIO["prefix_token_hit_rate"],
+    "dram_read_bytes": _LOAD["dram_read_bytes"], "local_read_bytes": _LOAD["local_read_bytes"],
+    "flash_read_bytes": _LOAD["flash_read_bytes"],
+    **{f"{t}_read_share": _SCENARIO[f"{t}_read_share"] for t in ("dram", "local", "flash")},
+    "flash_write_bytes": _SCENARIO["flash_write_bytes"], "local_write_bytes": _SCENARIO["local_write_bytes"],
+    "recompute_gpu_seconds": _SCENARIO["recompute_gpu_seconds"],
+    "prefill_gpu_seconds": _SCENARIO["prefill_gpu_seconds"],
+    "util_flash_offered": ("utilisation", "flash bytes read and written in the bin / what the pool moves in a bin"),
+    "util_gpu_offered": ("utilisation", "prefill GPU-seconds arriving in the bin / GPU-seconds of every node's "
+                                        "GPUs in a bin"),
+    "ttft_p50_ms": _TTFT["ttft_p50_ms"], "ttft_p99_ms": _TTFT["ttft_p99_ms"],
+    "slo_attainment": ("share", "requests arriving in the bin that met the SLO"),
+}
+
+_SCENARIO_EVENTS = {
+    "scenario": _SCENARIO["scenario"],
+    "event": ("id", "the event's index in its scenario"),
+    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout or ttl"),
+    "text": ("text", "the event in words"),
+    "at_s": ("s", "its time, after the trace's first request"),
+    "first_request": ("id", "the first request at or after it (null: after the last)"),
+    "actions": ("count", "state edits it made (sweeps and steps count one each)"),
+    "dropped_blocks": _SCENARIO["dropped_blocks"],
+    "dropped_bytes": _SCENARIO["dropped_bytes"],
+}
+
 #: Every result table: (where it is written, {column: (unit, meaning)}).
 TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "curve": ("`kvtrace curve --out` and `--json` rows, SQL `curve` and `curve_by_group`, the Curves page", {
@@ -443,6 +502,9 @@ TABLES: dict[str, tuple[str, dict[str, tuple[str, str]]]] = {
     "load": ("`kvtrace load --out` and `--json` levels", _LOAD),
     "load_resources": ("`kvtrace load --resources-out` and `--json` resources", _LOAD_RESOURCES),
     "size": ("`kvtrace size --out` and `--json` candidates, the Sizing page", _SIZE),
+    "scenario": ("`kvtrace scenario --out` and `--json` scenarios", _SCENARIO),
+    "scenario_timeline": ("`kvtrace scenario --timeline-out` and `--json` timeline", _SCENARIO_TIMELINE),
+    "scenario_events": ("`kvtrace scenario --json` events", _SCENARIO_EVENTS),
     "value_blocks": ("`kvtrace value --out`, SQL `blocks`", _VALUE_BLOCKS),
     "value_prefixes": ("`kvtrace value --prefixes-out`, SQL view `prefixes`", _VALUE_PREFIXES),
     "value_accesses": ("`kvtrace value --accesses-out`, SQL `accesses`", _VALUE_ACCESSES),

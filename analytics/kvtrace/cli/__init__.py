@@ -20,7 +20,8 @@ import sys
 import typer
 
 from kvtrace import __version__
-from kvtrace.cli import cache, curve, dashboard, estimate, ingest, load, models, size, sql, stats, value, whatif
+from kvtrace.cli import (cache, curve, dashboard, estimate, ingest, load, models, scenario, size, sql, stats, value,
+                         whatif)
 from kvtrace.cli.console import console
 from kvtrace.cli.errors import OneLineUsageErrors, state
 
@@ -83,6 +84,7 @@ app.command()(whatif.whatif)
 app.command()(load.load)
 app.add_typer(estimate.estimate_app, name="estimate")
 app.command()(size.size)
+app.command()(scenario.scenario)
 app.command()(sql.export)
 app.command()(sql.sql)
 app.command()(cache.cache)

@@ -45,7 +45,7 @@ STAT, INFO, LIST0 = 0, 1, 2
 INFO_SIZE, INFO_ORACLE, _SK_GRP, _SK_OFF = 0, 1, 2, 3
 # fields of a list entry / of the block state (request of the last access, accesses so
 # far, first request, chunk-local index of its first occurrence in the current group)
-PREV, _NEXT, INS, TCH = 0, 1, 2, 3
+PREV, NEXT, INS, TCH = 0, 1, 2, 3
 RLAST, COUNT, FIRST_REQ, HEAD = 0, 1, 2, 3
 ABSENT = -1
 
@@ -231,9 +231,9 @@ def time_bin(dq, shift):
 def link_before(st, L, b, nxt):
     """Link b into list L just before (on the least-recent side of) nxt."""
     p = st[nxt, L, PREV]
-    st[p, L, _NEXT] = b
+    st[p, L, NEXT] = b
     st[b, L, PREV] = p
-    st[b, L, _NEXT] = nxt
+    st[b, L, NEXT] = nxt
     st[nxt, L, PREV] = b
 
 
@@ -245,8 +245,8 @@ def link_mru(st, L, b, M):
 @njit(**NJIT_INLINE)
 def unlink_row(st, L, b):
     p = st[b, L, PREV]
-    n = st[b, L, _NEXT]
-    st[p, L, _NEXT] = n
+    n = st[b, L, NEXT]
+    st[p, L, NEXT] = n
     st[n, L, PREV] = p
     st[b, L, PREV] = ABSENT
 
@@ -271,7 +271,7 @@ def admit_offer(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gst
         if used[X] + st[v, INFO, INFO_SIZE] <= cap[X]:
             return True
         M = st.shape[0] - 1
-        return _sketch_estimate(sketch, st, v) > _victim_estimate(sketch, sk_ops, st, st[M, X, _NEXT])
+        return _sketch_estimate(sketch, st, v) > _victim_estimate(sketch, sk_ops, st, st[M, X, NEXT])
     g = req_group[st[v, STAT, RLAST]]
     return (gstat[g, 1] + 1.0) / (gstat[g, 0] + 2.0) >= fp[F_PARAM]
 
@@ -280,11 +280,11 @@ def admit_offer(policy, v, X, now, ip, fp, st, used, cap, req_ts, req_group, gst
 def evict_lru(X, tier, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch):
     """Evict the least-recent block of list X; returns it."""
     M = st.shape[0] - 1
-    w = st[M, X, _NEXT]
+    w = st[M, X, NEXT]
     unlink_row(st, X, w)
-    prefetch_row(st, st[st[M, X, _NEXT], X, _NEXT])  # the victim after next: its row is the next unlink's miss
+    prefetch_row(st, st[st[M, X, NEXT], X, NEXT])  # the victim after next: its row is the next unlink's miss
     if use_sketch and tier == 0:  # the next DRAM victim is the next admission candidate: its sketch group
-        prefetch_row(sketch, st[st[M, X, _NEXT], INFO, _SK_GRP])
+        prefetch_row(sketch, st[st[M, X, NEXT], INFO, _SK_GRP])
     s = st[w, INFO, INFO_SIZE]
     used[X] -= s
     if meas:
@@ -313,10 +313,10 @@ def prefetch_ahead(r, block, req_start, req_node, st, F, has_flash, sketch, use_
                 prefetch_row(sketch, st[b, INFO, _SK_GRP])
             if st[b, D, PREV] != ABSENT:
                 prefetch_row(st, st[b, D, PREV])
-                prefetch_row(st, st[b, D, _NEXT])
+                prefetch_row(st, st[b, D, NEXT])
             elif has_flash and st[b, F, PREV] != ABSENT:
                 prefetch_row(st, st[b, F, PREV])
-                prefetch_row(st, st[b, F, _NEXT])
+                prefetch_row(st, st[b, F, NEXT])
 
 
 # --------------------------------------------------------------------------- the block table
@@ -369,4 +369,4 @@ def _init_rows(st, size):
             st[b, INFO, INFO_SIZE] = size[b]
     for k in range(LIST0, st.shape[1]):
         st[M, k, PREV] = M
-        st[M, k, _NEXT] = M
+        st[M, k, NEXT] = M

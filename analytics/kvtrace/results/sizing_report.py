@@ -143,7 +143,7 @@ def _chart(result: SizingResult, name: str):
     return cost_slo_chart(result), "cost against the SLO metric"
 
 
-_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;
+REPORT_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1400px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.45}table{border-collapse:collapse;font-size:0.85em;margin:0.5em 0 1.5em}
 th,td{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}
 td:nth-child(2),td:nth-child(3),td:nth-child(4),td:nth-child(15),th{text-align:left}
@@ -190,5 +190,5 @@ def report_html(result: SizingResult) -> str:
     bundle = vlc.javascript_bundle().replace("</script", "<\\/script")
     title = esc(f"kvtrace size: {result.info['trace']}")
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title>"
-            f"<style>{_CSS}</style>\n<script type=\"text/javascript\">{bundle}</script></head>\n<body>\n"
+            f"<style>{REPORT_CSS}</style>\n<script type=\"text/javascript\">{bundle}</script></head>\n<body>\n"
             + "\n".join(body) + f"\n<script type=\"text/javascript\">\n{embeds}\n</script>\n</body></html>\n")

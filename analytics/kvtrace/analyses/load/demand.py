@@ -66,7 +66,7 @@ class Demand:
     """
 
     def __init__(self, trace, config: TierConfig, first: int, targets: int, bpt: int, a: float, b: float,
-                 response: ResponseModel, tokens_per_s: float | None) -> None:
+                 response: ResponseModel, tokens_per_s: float | None, block_size=None) -> None:
         R = trace.n_requests
         ts = np.asarray(trace.request_timestamp, dtype=np.float64)
         self.arrival_s = ts - ts[0] if R else ts.copy()
@@ -84,7 +84,7 @@ class Demand:
         self._bpt, self._a, self._b = float(bpt), float(a), float(b)
         self._rate = response.recompute_flops_per_s
         self._tps = tokens_per_s
-        self._size = trace.block_size
+        self._size = trace.block_size if block_size is None else block_size  # a scenario's renumbered blocks
 
     def add(self, ch, decision, req_out, node) -> None:
         """One chunk of the replay (``on_chunk`` of :func:`kvtrace.analyses.whatif.simulate`)."""

@@ -198,7 +198,7 @@ def local_vs_shared(dram_bytes, ssd_bytes_per_node, nodes: int, **options) -> li
 # --------------------------------------------------------------------------- routing
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     x = x.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
     x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -226,7 +226,7 @@ def route(trace: TraceSource, nodes: int, routing: str) -> np.ndarray:
         key[nonempty] = trace.block_hash[first[nonempty]].astype(np.uint64)
     else:
         raise UsageError(f"unknown routing '{routing}'", field="routing")
-    return (_mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int32)
+    return (mix64(key ^ np.uint64(_ROUTE_SEED)) % np.uint64(nodes)).astype(np.int32)
 
 
 def has_session_ids(trace) -> bool:

@@ -1,0 +1,121 @@
+"""Scenario events on the tier simulator's lists, applied between two requests
+(:mod:`kvtrace.analyses.scenario` states when and why; the slow twin is
+``tests/naive_scenario.py``).
+
+Each operation walks one tier list ``X`` (slot ``LIST0 + L`` of the block table,
+:mod:`kvtrace.kernels.tier_table`) from its least-recent (or oldest, for a FIFO list)
+end and *drops* entries: a dropped block leaves the list and its tokens leave the
+tier's count, as if it had never been written; it is not an eviction (no write below,
+no residency histogram, no counter), and the block's own state (accesses so far, first
+request: what makes a later access cold or not) is kept: a dropped block that is
+accessed again is a miss, not a first access.
+
+- :func:`drop_all` drops every entry (a restart that loses the tier);
+- :func:`drop_target` drops the entries whose flash target is ``k`` of ``T``
+  (``mix_hash(block, 0) % T``: the placement of :mod:`kvtrace.analyses.load`);
+- :func:`drop_idle` drops, from the old end, the entries whose time field (last touch
+  for an LRU list, insertion for a FIFO list: the list's own order, so the expired
+  entries are a run at its old end) is older than a cutoff (a TTL sweep);
+- :func:`drop_namespace` drops, from the old end, the entries of blocks below an id
+  bound (an old model version's namespace) while their sizes fit a token budget
+  (retirement at a rate).
+
+Every operation is O(entries dropped), but :func:`drop_target` and
+:func:`drop_namespace`, which walk the list (O(entries passed)).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from kvtrace.config import NJIT
+from kvtrace.kernels.densify import mix_hash
+from kvtrace.kernels.tier_table import ABSENT, INFO, INFO_SIZE, INS, NEXT, PREV, TCH, unlink_row
+
+
+
+
+@njit(**NJIT)
+def drop_all(st, used, X):
+    """Drop every entry of list ``X``; returns ``(blocks, tokens)`` dropped."""
+    M = st.shape[0] - 1
+    b = st[M, X, NEXT]
+    n = 0
+    tok = 0
+    while b != M:
+        nxt = st[b, X, NEXT]
+        st[b, X, PREV] = ABSENT
+        n += 1
+        tok += st[b, INFO, INFO_SIZE]
+        b = nxt
+    st[M, X, NEXT] = M
+    st[M, X, PREV] = M
+    used[X] -= tok
+    return n, tok
+
+
+@njit(**NJIT)
+def drop_target(st, used, X, T, k):
+    """Drop the entries of list ``X`` whose flash target (``mix_hash(b, 0) % T``) is
+    ``k``; returns ``(blocks, tokens)`` dropped."""
+    M = st.shape[0] - 1
+    b = st[M, X, NEXT]
+    n = 0
+    tok = 0
+    while b != M:
+        nxt = st[b, X, NEXT]
+        if np.int64(mix_hash(np.uint64(b), 0) % np.uint64(T)) == k:
+            unlink_row(st, X, b)
+            n += 1
+            tok += st[b, INFO, INFO_SIZE]
+        b = nxt
+    used[X] -= tok
+    return n, tok
+
+
+@njit(**NJIT)
+def drop_idle(st, used, X, by_insert, cutoff):
+    """Drop, from the old end of list ``X``, the entries whose last touch (insertion
+    with ``by_insert``) is before ``cutoff`` (time quanta), stopping at the first that
+    is not; returns ``(blocks, tokens)`` dropped. The list must be ordered by that
+    field (LRU lists by last touch, FIFO lists by insertion)."""
+    M = st.shape[0] - 1
+    field = INS if by_insert else TCH
+    n = 0
+    tok = 0
+    b = st[M, X, NEXT]
+    while b != M and st[b, X, field] < cutoff:
+        nxt = st[b, X, NEXT]
+        unlink_row(st, X, b)
+        n += 1
+        tok += st[b, INFO, INFO_SIZE]
+        b = nxt
+    used[X] -= tok
+    return n, tok
+
+
+@njit(**NJIT)
+def drop_namespace(st, used, X, bound, budget):
+    """Drop, from the old end of list ``X``, the entries of blocks ``< bound`` while
+    each one's size fits what is left of ``budget`` tokens (stopping at the first that
+    does not); returns ``(blocks, tokens)`` dropped."""
+    M = st.shape[0] - 1
+    n = 0
+    tok = 0
+    b = st[M, X, NEXT]
+    while b != M:
+        nxt = st[b, X, NEXT]
+        if b < bound:
+            s = st[b, INFO, INFO_SIZE]
+            if tok + s > budget:
+                break
+            unlink_row(st, X, b)
+            n += 1
+            tok += s
+        b = nxt
+    used[X] -= tok
+    return n, tok
+
+
+__all__ = ["drop_all", "drop_idle", "drop_namespace", "drop_target"]

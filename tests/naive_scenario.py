@@ -1,0 +1,221 @@
+"""Slow, obviously correct twin of a scenario's replay (``kvtrace.analyses.scenario``).
+
+Plain Python on top of ``naive_tiers``: the events are resolved here from the trace's
+arrays alone (a linear scan for the first request at or after each time, the session
+coins from ``naive_tiers.mix64``), and applied to the twin's ``OrderedDict`` tiers
+before that request:
+
+* cold-start: every tier emptied; restored: every DRAM emptied;
+* target-loss: the shared flash's blocks whose ``mix_hash(b) % T == k`` removed;
+* catalog-outage: the shared flash's blocks and count set aside and its capacity 0
+  (nothing fits, nothing is found), then put back as they were;
+* ttl: every ``sweep`` seconds from ``at``, from the old end of each tier (first item
+  of its ``OrderedDict``), blocks whose touch time (insert time in a FIFO flash) is
+  below ``ceil((t - ttl) / quantum)`` removed, stopping at the first that is not;
+* rollout: the moved requests' blocks renumbered ``b + M``; retirement every ``step``
+  after the ramp removes, from each tier's old end, blocks ``< M`` while their sizes fit
+  the step's budget;
+* migration: the moved sessions' requests from ``at`` on served by the next node.
+
+A removed block is not written anywhere nor counted; the twin's per-block state
+(accesses so far, first request) is untouched, as the kernel's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+
+import naive_tiers as twin
+
+MASK = (1 << 64) - 1
+GOLDEN = 0x9E3779B97F4A7C15
+MIGRATION_SEED = 0x8CB92BA72F3D8DD7
+ROLLOUT_SEED = 0x4F1BBCDCBFA53E0B
+
+
+def mix_hash(h: int, ns: int = 0) -> int:
+    """kvtrace.kernels.densify.mix_hash: splitmix64's finaliser of h xor (ns + 1) x golden."""
+    x = h ^ (((ns + 1) * GOLDEN) & MASK)
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK
+    return x ^ (x >> 31)
+
+
+def routing_mix(x: int) -> int:
+    """kvtrace.analyses.whatif.config.mix64 (the routing hash): splitmix64's finaliser
+    of x + golden, as naive_tiers.mix64."""
+    return twin.mix64(x)
+
+
+def coin(key: int, seed: int) -> float:
+    return (routing_mix((key & MASK) ^ seed) >> 11) * 2.0**-53
+
+
+def first_at(rel: list[float], t: float) -> int:
+    for r, x in enumerate(rel):
+        if x >= t:
+            return r
+    return len(rel)
+
+
+def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], nodes: int, targets: int,
+         n_blocks: int):
+    """``(node, moved, actions)``: ``actions[r]`` = the edits before request r, in order."""
+    R = len(ts)
+    rel = [t - ts[0] for t in ts] if R else []
+    span = rel[-1] if R else 0.0
+    node = list(node)
+    moved = None
+    todo = []  # (request, time, order, action)
+
+    def add(t, action):
+        r = first_at(rel, t) if t < math.inf else R
+        if r < R:
+            todo.append((r, t, len(todo), action))
+
+    times = []
+    for i, ev in enumerate(events):
+        kind = ev["kind"]
+        t = ev["at"]
+        times.append(t)
+        if kind == "cold-start":
+            add(t, ("wipe", "all"))
+        elif kind == "restored":
+            add(t, ("wipe", "dram"))
+        elif kind == "target-loss":
+            add(t, ("target", targets, ev.get("target", 0)))
+        elif kind == "catalog-outage":
+            add(t, ("hide",))
+            add(t + ev["duration"], ("show",))
+        elif kind == "ttl":
+            ttls = (ev.get("dram", math.inf), ev.get("local_ssd", math.inf), ev.get("shared_flash", math.inf))
+            if all(x == math.inf for x in ttls):
+                continue
+            k = 0
+            while t + k * ev["sweep"] <= span:
+                add(t + k * ev["sweep"], ("expire", t + k * ev["sweep"], ttls))
+                k += 1
+        elif kind == "migration":
+            share = ev.get("share", 1.0)
+            r0 = first_at(rel, t)
+            for r in range(r0, R):
+                if coin(keys[r], MIGRATION_SEED + i) < share:
+                    node[r] = (node[r] + 1) % nodes
+        elif kind == "rollout":
+            share, ramp = ev.get("share", 1.0), ev.get("ramp", 0.0)
+            moved = moved or [False] * R
+            for r in range(R):
+                if ramp > 0:
+                    s = share * min(1.0, max(0.0, (rel[r] - t) / ramp))
+                else:
+                    s = share if rel[r] >= t else 0.0
+                moved[r] = moved[r] or coin(keys[r], ROLLOUT_SEED) < s
+            rate, step = ev.get("retire_gbps", 0.0), ev.get("step", 60.0)
+            if rate > 0:
+                end = t + ramp
+                k = 1
+                while end + k * step <= span:
+                    add(end + k * step, ("retire", rate * 1e9 * step))
+                    k += 1
+        else:
+            raise AssertionError(kind)
+    todo.sort(key=lambda x: (x[0], x[1], x[2]))
+    actions: dict[int, list] = {}
+    for r, _, _, a in todo:
+        actions.setdefault(r, []).append(a)
+    return node, moved, actions
+
+
+def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, targets, bpt, flash_lru=True,
+        **kw):
+    """The twin's replay of a scenario: ``naive_tiers.simulate_tiers``'s dict plus
+    ``dropped`` (blocks, tokens removed by the events)."""
+    M = len(size)
+    node, moved, actions = plan(events, list(ts), keys, node, nodes, targets, M)
+    block = [int(b) for b in block]
+    size = [int(s) for s in size]
+    if moved is not None:
+        for r in range(len(req_start) - 1):
+            if moved[r]:
+                for t in range(req_start[r], req_start[r + 1]):
+                    block[t] += M
+        size = size + size
+    hidden = []
+    dropped = [0, 0]
+
+    def remove(tier, b):
+        tier.take(b, size[b])
+        dropped[0] += 1
+        dropped[1] += size[b]
+
+    def before(r, drams, locals_, shared, shift):
+        quantum = 2.0 ** (twin.HIST_MIN_EXP + shift)
+        for a in actions.get(r, []):
+            flash = [shared] if shared is not None and not hidden else []
+            if a[0] == "wipe":
+                tiers = drams if a[1] == "dram" else drams + (locals_ or []) + flash
+                for tier in tiers:
+                    for b in list(tier.blocks):
+                        remove(tier, b)
+                if a[1] != "dram" and hidden:
+                    hidden[0] = None  # lost while set aside
+            elif a[0] == "target":
+                T, k = a[1], a[2]
+                if hidden:
+                    if hidden[0] is not None:
+                        blocks, used = hidden[0]
+                        for b in list(blocks):
+                            if mix_hash(b) % T == k:
+                                del blocks[b]
+                                used -= size[b]
+                                dropped[0] += 1
+                                dropped[1] += size[b]
+                        hidden[0] = (blocks, used)
+                else:
+                    for b in list(shared.blocks):
+                        if mix_hash(b) % T == k:
+                            remove(shared, b)
+            elif a[0] == "hide":
+                hidden.append((shared.blocks, shared.used))
+                hidden.append(shared.capacity)
+                shared.blocks, shared.used, shared.capacity = OrderedDict(), 0, 0
+            elif a[0] == "show":
+                if hidden:
+                    saved, cap = hidden
+                    hidden.clear()
+                    shared.capacity = cap
+                    if saved is not None:
+                        shared.blocks, shared.used = saved
+            elif a[0] == "expire":
+                _, t, ttls = a
+                for tiers, ttl, fifo in ((drams, ttls[0], False), (locals_ or [], ttls[1], not flash_lru),
+                                         (flash, ttls[2], not flash_lru)):
+                    if ttl == math.inf:
+                        continue
+                    cutoff = math.ceil((t - ttl) / quantum)
+                    for tier in tiers:
+                        while tier.blocks:
+                            b = tier.least_recent()
+                            ins, tch = tier.blocks[b]
+                            if (ins if fifo else tch) >= cutoff:
+                                break
+                            remove(tier, b)
+            elif a[0] == "retire":
+                budget = int(a[1] // bpt)
+                for tier in drams + (locals_ or []) + flash:
+                    tok = 0
+                    for b in list(tier.blocks):
+                        if b < M:
+                            if tok + size[b] > budget:
+                                break
+                            tok += size[b]
+                            remove(tier, b)
+            else:
+                raise AssertionError(a)
+
+    out = twin.simulate_tiers(block, size, req_start, tokens, pos, ts, node, n_nodes=nodes, flash_lru=flash_lru,
+                              before=before, **kw)
+    out["dropped"] = dropped
+    out["node"] = node
+    return out

@@ -1,0 +1,349 @@
+"""kvtrace scenario: the compiled replay with events against the slow twin
+(tests/naive_scenario.py) on random synthetic traces and configurations, the
+invariants the events must keep, the scenario file's errors, and the command."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import numpy.testing as npt
+import polars as pl
+import pytest
+
+import naive_scenario
+from kvtrace.analyses.response import ResponseModel
+from kvtrace.analyses.scenario import plan_events, replay, run_scenarios, scenario_from_dict
+from kvtrace.analyses.whatif.config import route
+from kvtrace.errors import KvtraceError
+from kvtrace.ingest import requests_to_trace, synth
+from kvtrace.kernels import tiers as K
+from kvtrace.model import resolve_gpu, resolve_model
+
+MODEL = resolve_model(None)
+GPU = resolve_gpu(None)
+RESPONSE = ResponseModel(recompute_flops_per_s=GPU.effective_flops)
+BPT = int(MODEL.kv_bytes_per_token)
+POLICY_NAMES = {"all": "all", "second-hit": "freq", "none": "none", "tinylfu": "tinylfu", "prob:0.5": "prob",
+                "idle<30s": "idle"}
+
+
+def small_trace(n: int, seed: int, kind: str = "chat"):
+    df, meta = synth.generate(kind, n, seed)
+    return requests_to_trace(df, meta)
+
+
+def config(system: dict, events: list[dict], load: dict | None = None, run: dict | None = None):
+    return scenario_from_dict({"system": system, "load": load or {}, "run": run or {},
+                               "scenario": [{"name": "s", "event": events}]})
+
+
+def compiled(trace, cfg, events=None):
+    events = cfg.scenario[0].event if events is None else events
+    load = cfg.load_model()
+    node = route(trace, cfg.system.nodes, cfg.system.routing)
+    plan = plan_events(trace, cfg, events, node, load.flash_targets)
+    dec = np.empty(trace.n_accesses, dtype=np.int8)
+    out = replay(trace, cfg, plan, model=MODEL, response=RESPONSE, load=load, first=0, decisions=dec)
+    out.demand.close()
+    return dec, out, plan
+
+
+def twin_run(trace, cfg):
+    sysc = cfg.system
+    load = cfg.load_model()
+    ev = []
+    span = float(trace.request_timestamp[-1] - trace.request_timestamp[0])
+    for e in cfg.scenario[0].event:
+        d = e.model_dump()
+        d["at"] = e.at.resolve(span)
+        ev.append(d)
+    req = trace.requests
+    rid = req["request_id"].to_list()
+    sess = req["session_id"].to_list() if "session_id" in req.columns else [None] * len(rid)
+    keys = [int(s) if s is not None else int(r) for s, r in zip(sess, rid)]
+    node = route(trace, sysc.nodes, sysc.routing).tolist()
+    a = trace.accesses
+    policy = cfg.tier_config().parsed_policy
+    return naive_scenario.run(
+        a.block, trace.block_size, list(trace.req_start), a.tokens, a.pos, trace.request_timestamp, keys, node, ev,
+        nodes=sysc.nodes, targets=load.flash_targets, bpt=BPT, flash_lru=sysc.flash_order == "lru",
+        block_tokens=trace.meta.block_tokens, prefix_aware=sysc.eviction == "prefix-aware",
+        dram=sysc.dram // BPT, local=sysc.local_ssd // BPT, flash=sysc.flash // BPT,
+        policy=POLICY_NAMES[sysc.policy], param=policy.param, promotion=sysc.promotion,
+        write_through=sysc.write_mode == "write-through", first_measured=0)
+
+
+def assert_equal_to_twin(trace, cfg):
+    dec, out, plan = compiled(trace, cfg)
+    want = twin_run(trace, cfg)
+    assert plan.node.tolist() == want["node"]
+    npt.assert_array_equal(dec & 3, want["decision"], err_msg="decisions")
+    npt.assert_array_equal((dec & K.COLD_FLAG) != 0, want["cold"], err_msg="cold flags")
+    assert out.counts == want["counts"]
+    npt.assert_array_equal(out.prefix_tokens, [row[9] for row in want["req_out"]], err_msg="usable-prefix tokens")
+    got_dropped = [sum(v[0] for v in out.dropped.values()), sum(v[1] for v in out.dropped.values())]
+    assert got_dropped == want["dropped"]
+    return dec, want
+
+
+def _bytes(tokens: int) -> str:
+    return f"{tokens * BPT}B"
+
+
+EVENTS = [
+    [{"kind": "cold-start", "at": "30%"}],
+    [{"kind": "restored", "at": "40%"}],
+    [{"kind": "target-loss", "at": "50%", "target": 1}],
+    [{"kind": "target-loss", "at": "20%", "target": 0}, {"kind": "target-loss", "at": "60%", "target": 2}],
+    [{"kind": "catalog-outage", "at": "30%", "duration": "4min"}],
+    [{"kind": "catalog-outage", "at": "30%", "duration": "10min"}, {"kind": "target-loss", "at": "40%"},
+     {"kind": "cold-start", "at": "45%"}],
+    [{"kind": "migration", "at": "40%", "share": 0.5}],
+    [{"kind": "rollout", "at": "30%", "share": 0.7, "ramp": "5min"}],
+    [{"kind": "rollout", "at": "20%", "ramp": "2min", "retire_gbps": 3, "step": "30s"}],
+    [{"kind": "ttl", "at": 0, "dram": "20s", "local_ssd": "1min", "shared_flash": "3min", "sweep": "5s"}],
+    [{"kind": "ttl", "at": "50%", "dram": "2min", "sweep": "17s"}, {"kind": "restored", "at": "70%"}],
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("events", EVENTS, ids=lambda e: "+".join(x["kind"] for x in e))
+def test_scenario_replay_equals_twin(seed, events):
+    rng = np.random.default_rng(seed)
+    trace = small_trace(60, seed)
+    total = int(np.asarray(trace.block_size).sum())
+    system = {
+        "dram": _bytes(int(rng.integers(1, max(2, total // 6)))),
+        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
+        "flash": _bytes(int(rng.integers(1, max(2, total // 2)))),
+        "nodes": int(rng.integers(2, 4)),
+        "policy": str(rng.choice(list(POLICY_NAMES))),
+        "promotion": str(rng.choice(["promote", "copy", "none"])),
+        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
+        "flash_order": str(rng.choice(["lru", "fifo"])),
+        "eviction": str(rng.choice(["prefix-aware", "flat"])),
+    }
+    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    cfg = config(system, events, load={"flash_targets": 3})
+    dec, want = assert_equal_to_twin(trace, cfg)
+    assert len(dec) == trace.n_accesses
+
+
+def test_twin_sees_the_events():
+    """The comparison is sensitive: each event changes the replay of this trace."""
+    trace = small_trace(120, 7)
+    total = int(np.asarray(trace.block_size).sum())
+    system = {"dram": _bytes(total // 8), "flash": _bytes(total // 2), "nodes": 2}
+    base, _, _ = compiled(trace, config(system, []))
+    for events in EVENTS:
+        if events[0]["kind"] == "ttl":
+            events = [{**events[0], "dram": "1s", "shared_flash": "5s", "local_ssd": "1s"}]
+        dec, _, _ = compiled(trace, config(system, events, load={"flash_targets": 3}))
+        assert not np.array_equal(dec, base), events
+
+
+# --------------------------------------------------------------------------- invariants
+SYSTEM = {"dram": "64GiB", "flash": "1TiB", "nodes": 2}
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return small_trace(400, 3)
+
+
+def _plain(trace, system=SYSTEM):
+    dec, out, _ = compiled(trace, config(system, []))
+    return dec, out
+
+
+@pytest.mark.parametrize("event", [
+    {"kind": "cold-start"}, {"kind": "restored"}, {"kind": "target-loss"},
+    {"kind": "catalog-outage", "duration": 60}, {"kind": "migration"}, {"kind": "rollout", "retire_gbps": 5},
+    {"kind": "ttl", "dram": 1, "shared_flash": 1},
+])
+def test_event_after_the_trace_end_is_the_plain_run(chat, event):
+    span = float(chat.request_timestamp[-1] - chat.request_timestamp[0])
+    dec0, out0 = _plain(chat)
+    dec, out, plan = compiled(chat, config(SYSTEM, [{**event, "at": span + 1}]))
+    npt.assert_array_equal(dec, dec0)
+    assert out.counts == out0.counts and plan.actions == []
+
+
+def test_infinite_ttl_and_zero_rollout_share_are_the_plain_run(chat):
+    dec0, out0 = _plain(chat)
+    for ev in ({"kind": "ttl", "at": 0}, {"kind": "ttl", "at": 0, "dram": "inf", "shared_flash": "inf"},
+               {"kind": "rollout", "at": 0, "share": 0.0}, {"kind": "migration", "at": 0, "share": 0.0}):
+        dec, out, _ = compiled(chat, config(SYSTEM, [ev]))
+        npt.assert_array_equal(dec, dec0, err_msg=str(ev))
+        assert out.counts == out0.counts
+
+
+def test_lost_target_of_one_loses_every_flash_block(chat):
+    sys_ = {"dram": "16GiB", "flash": "100TiB"}
+    t = float(chat.request_timestamp[300] - chat.request_timestamp[0])
+    dec, out, plan = compiled(chat, config(sys_, [{"kind": "target-loss", "at": t}], load={"flash_targets": 1}))
+    r = plan.actions[0].request
+    # the flash held every block any earlier request wrote; all of it is gone
+    _, out_cold, _ = compiled(chat, config(sys_, [{"kind": "cold-start", "at": t}]))
+    dram_blocks = sum(v[0] for v in out_cold.dropped.values()) - sum(v[0] for v in out.dropped.values())
+    assert sum(v[0] for v in out.dropped.values()) > 0
+    assert dram_blocks >= 0
+    # right after the loss no access is served from the shared flash until something is written again
+    lo = int(chat.req_start[r])
+    assert (dec[lo:int(chat.req_start[r + 1])] & 3 != K.FLASH).all()
+
+
+def test_rollout_to_everyone_at_the_start_is_a_fresh_namespace(chat):
+    """Every request moved at time 0: the same replay with every id renumbered, so the
+    same decisions as the plain run."""
+    dec0, out0 = _plain(chat)
+    dec, out, plan = compiled(chat, config(SYSTEM, [{"kind": "rollout", "at": 0}]))
+    assert plan.moved.all()
+    npt.assert_array_equal(dec, dec0)
+
+
+def test_cold_start_at_zero_is_the_plain_run_and_outage_without_requests_is_nothing(chat):
+    dec0, _ = _plain(chat)
+    dec, _, _ = compiled(chat, config(SYSTEM, [{"kind": "cold-start", "at": 0}]))
+    npt.assert_array_equal(dec, dec0)
+    dec, _, _ = compiled(chat, config(SYSTEM, [{"kind": "catalog-outage", "at": "50%", "duration": 0}]))
+    npt.assert_array_equal(dec, dec0)
+
+
+def test_catalog_outage_serves_no_flash_and_comes_back(chat):
+    system = {"dram": "4GiB", "flash": "1TiB"}
+    span = float(chat.request_timestamp[-1] - chat.request_timestamp[0])
+    dec0, _ = _plain(chat, system)
+    dec, out, plan = compiled(chat, config(system, [{"kind": "catalog-outage", "at": span / 3,
+                                                     "duration": span / 3}]))
+    hide, show = plan.actions
+    lo, hi = int(chat.req_start[hide.request]), int(chat.req_start[show.request])
+    assert (dec0[lo:hi] & 3 == K.FLASH).any()  # the plain run reads the flash in the window
+    assert (dec[lo:hi] & 3 != K.FLASH).all()
+    npt.assert_array_equal(dec[:lo], dec0[:lo])
+    assert (dec[hi:] & 3 == K.FLASH).any()
+
+
+# --------------------------------------------------------------------------- the whole run
+def test_run_scenarios_table_timeline_and_recovery(chat):
+    cfg = scenario_from_dict({
+        "system": SYSTEM, "load": {"flash_targets": 2, "slo_ttft_ms": 1500}, "run": {"bin": "2min"},
+        "scenario": [{"name": "cold", "event": [{"kind": "cold-start", "at": "50%"}]},
+                     {"name": "never", "event": [{"kind": "cold-start", "at": "100h"}]}]})
+    res = run_scenarios(chat, cfg, model=MODEL, gpu=GPU, response=RESPONSE)
+    t = res.table
+    assert t["scenario"].to_list() == ["plain", "cold", "never"]
+    plain, cold, never = t.to_dicts()
+    assert cold["recompute_gpu_seconds"] > plain["recompute_gpu_seconds"]
+    assert cold["extra_prefill_gpu_seconds"] == pytest.approx(cold["prefill_gpu_seconds"] - plain["prefill_gpu_seconds"])
+    assert cold["extra_prefill_gpu_seconds"] > 0
+    assert never["extra_prefill_gpu_seconds"] == 0.0 and never["hit_rate_shortfall"] is None
+    for k in ("ttft_p50_ms", "ttft_p99_ms", "prefix_token_hit_rate", "dram_read_bytes", "flash_read_bytes"):
+        assert never[k] == plain[k], k
+    assert cold["hit_rate_shortfall"] > 0
+    # the timeline's per-bin sums are the table's
+    tl = res.timeline.filter(pl.col("scenario") == "cold")
+    assert tl["recompute_gpu_seconds"].sum() == pytest.approx(cold["recompute_gpu_seconds"])
+    assert tl["requests"].sum() == chat.n_requests
+    pre = tl["prefix_token_hit_rate"].to_numpy()
+    assert np.nanmin(pre) >= 0 and np.nanmax(pre) <= 1
+    # recovered_after_s: the first bin from which the rate stays within the tolerance
+    base = res.timeline.filter(pl.col("scenario") == "plain")["prefix_token_hit_rate"].to_numpy()
+    d = np.abs(np.nan_to_num(pre - base))
+    span = float(chat.request_timestamp[-1] - chat.request_timestamp[0])
+    e = int(math.floor(0.5 * span / 120))
+    apart = np.nonzero(d[e:] > 0.01)[0]
+    if cold["recovered"] and apart.size:
+        assert cold["recovered_after_s"] == pytest.approx((e + apart[-1] + 1) * 120 - 0.5 * span)
+    ev = res.events
+    assert ev.filter(pl.col("scenario") == "never")["first_request"].to_list() == [None]
+    json.dumps(res.to_dict(), default=str)
+
+
+# --------------------------------------------------------------------------- the file
+@pytest.mark.parametrize("data, key, text", [
+    ({"system": {"dram": "1GiB"}}, "scenario", "missing"),
+    ({"system": {"dram": "1GiB", "bogus": 1}, "scenario": [{"name": "a"}]}, "system.bogus", "unknown key"),
+    ({"system": {"dram": "lots"}, "scenario": [{"name": "a"}]}, "system.dram", "size"),
+    ({"system": {"dram": "1GiB"}, "scenario": [{"name": "a", "event": [{"kind": "meteor", "at": 1}]}]},
+     "scenario['a'].event[0]", "unknown event kind 'meteor'"),
+    ({"system": {"dram": "1GiB"}, "scenario": [{"name": "a", "event": [{"kind": "ttl", "at": "soon"}]}]},
+     "scenario['a'].event[0].at", "expected a time"),
+    ({"system": {"dram": "1GiB"}, "scenario": [{"name": "a", "event": [{"kind": "rollout", "at": "150%"}]}]},
+     "scenario['a'].event[0].at", "0%..100%"),
+    ({"system": {"dram": "1GiB"}, "scenario": [{"name": "plain"}]}, "scenario.name", "reserved"),
+    ({"system": {"dram": "1GiB", "policy": "maybe"}, "scenario": [{"name": "a"}]}, "system.policy", "policy"),
+])
+def test_scenario_file_errors_name_the_key(data, key, text):
+    with pytest.raises(KvtraceError) as exc:
+        scenario_from_dict(data, "s.toml")
+    assert exc.value.path == "s.toml"
+    assert (exc.value.field or "").startswith(key.split(".")[0]) and key in str(exc.value)
+    assert text in str(exc.value)
+
+
+def test_the_example_file_is_valid():
+    from pathlib import Path
+
+    from kvtrace.analyses.scenario import load_scenario
+
+    cfg = load_scenario(Path(__file__).resolve().parents[1] / "sample_traces" / "scenario.example.toml")
+    kinds = {e.kind for s in cfg.scenario for e in s.event}
+    assert kinds == {"cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl"}
+
+
+# --------------------------------------------------------------------------- the command
+def test_command_writes_every_output_and_prints_the_table(tmp_path):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from kvtrace.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    d = tmp_path
+    res = CliRunner().invoke(app, ["scenario", str(root / "sample_traces" / "chat.jsonl"), "--config",
+                                   str(root / "sample_traces" / "scenario.example.toml"), "--out",
+                                   str(d / "t.parquet"), "--timeline-out", str(d / "tl.csv"), "--report",
+                                   str(d / "r.md"), "--json", str(d / "s.json")], env={"COLUMNS": "250"})
+    assert res.exit_code == 0, (res.stdout, res.stderr)
+    assert "scenarios side by side" in res.stdout and "lose one flash target" in res.stdout
+    assert "assumed:" in res.stdout
+    table = pl.read_parquet(d / "t.parquet")
+    doc = json.loads((d / "s.json").read_text())
+    assert table["scenario"].to_list() == [r["scenario"] for r in doc["scenarios"]]
+    assert table["scenario"][0] == "plain" and table.height == 8
+    tl = pl.read_csv(d / "tl.csv")
+    assert set(tl["scenario"].unique()) == set(table["scenario"])
+    md = (d / "r.md").read_text()
+    assert md.startswith("# kvtrace scenario: chat.jsonl") and "data:image/svg+xml;base64," in md
+
+
+@pytest.mark.parametrize("body, needle", [
+    ("[system]\ndram = '1GiB'\n[[scenario]]\nname = 'x'\n[[scenario.event]]\nkind = 'target-loss'\nat = 5\n",
+     "field 'system.flash'"),
+    ("[system]\ndram = '1GiB'\n[[scenario]]\nname = 'x'\n[[scenario.event]]\nkind = 'migration'\nat = 5\n",
+     "field 'system.nodes'"),
+    ("[system]\ndram = '1GiB'\n[[scenario]]\nname = 'x'\n[[scenario.event]]\nkind = 'ttl'\nat = 5\ndram = -1\n",
+     "field 'scenario['x'].event[0].dram'"),
+    ("[system\n", "not valid TOML"),
+])
+def test_command_bad_file_is_one_line(tmp_path, body, needle):
+    from pathlib import Path
+
+    from typer.testing import CliRunner
+
+    from cli_helpers import one_line_error
+    from kvtrace.cli import app
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = tmp_path / "s.toml"
+    cfg.write_text(body)
+    out = tmp_path / "t.parquet"
+    out.write_bytes(b"keep me")
+    res = CliRunner().invoke(app, ["scenario", str(root / "sample_traces" / "chat.jsonl"), "--config", str(cfg),
+                                   "--out", str(out)], env={"COLUMNS": "250"})
+    one_line_error(res, 1 if "TOML" in needle or "scenario[" in needle else 2, needle)
+    assert out.read_bytes() == b"keep me"
