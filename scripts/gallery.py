@@ -110,7 +110,7 @@ def _scenarios():
     from kvtrace.model import resolve_gpu, resolve_model
 
     gpu = resolve_gpu(None)
-    return run_scenarios(load_trace(SAMPLES / "chat.jsonl"), load_scenario(SAMPLES / "scenario.example.toml"),
+    return run_scenarios(load_trace(SAMPLES / "mixed.parquet"), load_scenario(SAMPLES / "scenario.example.toml"),
                          model=resolve_model(None), gpu=gpu,
                          response=ResponseModel(recompute_flops_per_s=gpu.effective_flops))
 

@@ -219,3 +219,145 @@ def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, t
     out["dropped"] = dropped
     out["node"] = node
     return out
+
+
+# --------------------------------------------------------------------------- prestaging
+def predecessors(session_id: list, parent_id: list, request_id: list) -> list[int]:
+    """Each request's previous turn: its parent's index, else the previous request of its session."""
+    out = [-1] * len(request_id)
+    last: dict = {}
+    for r, s in enumerate(session_id):
+        if s is not None:
+            if s in last:
+                out[r] = last[s]
+            last[s] = r
+    index = {rid: r for r, rid in enumerate(request_id)}
+    for r, p in enumerate(parent_id):
+        if p is not None and index.get(p, -1) >= 0 and index[p] < r:
+            out[r] = index[p]
+    return out
+
+
+def turn_times(expr: str, inp: list, out: list) -> list[float]:
+    """A turn's duration from ``input`` and ``output`` tokens (the scenario's expression)."""
+    return [float(eval(expr, {"__builtins__": {}, "min": min, "max": max}, {"input": float(i), "output": float(o)}))
+            for i, o in zip(inp, out)]
+
+
+def run_prestage(block, size, req_start, tokens, pos, ts, node, pred, dur, *, nodes, at, predictor, lead, record,
+                 flash_lru=True, **kw):
+    """The twin of a scenario with one ``prestage`` event (unlimited bandwidth): the
+    prefetches' planned times and turns, their block lists (the predicted turn's blocks
+    up to the first found in none of the target node's tiers) computed on the twin's own
+    tiers and checked equal to ``record`` (the compiled run's), the trace replayed with
+    those prefetches as requests; the real accesses' decisions, the counters and the
+    prefetch figures (tokens) in a dict."""
+    R = len(req_start) - 1
+    rel = [t - ts[0] for t in ts]
+    plan = []
+    for j in range(R):
+        p = pred[j]
+        if p < 0:
+            continue
+        issue = max(rel[p] + dur[p], rel[j] - lead)
+        if at <= issue < rel[j]:
+            plan.append((issue, j, p))
+    plan.sort(key=lambda x: x[0])  # stable: ties keep request order
+    at_req = [first_at(rel, x[0]) for x in plan]
+    # the augmented sequence: record's prefetches before their real request
+    rec_at: dict[int, list] = {}
+    for syn in record:
+        rec_at.setdefault(syn.before, []).append(syn)
+    aug = []  # (kind, payload): ("real", r) or ("pf", syn)
+    for r in range(R):
+        aug += [("pf", syn) for syn in rec_at.get(r, [])]
+        aug.append(("real", r))
+    a_block, a_tokens, a_pos, a_start, a_ts, a_node = [], [], [], [0], [], []
+    for kind, x in aug:
+        if kind == "real":
+            lo, hi = req_start[x], req_start[x + 1]
+            a_block += [int(b) for b in block[lo:hi]]
+            a_tokens += [int(t) for t in tokens[lo:hi]]
+            a_pos += [int(p) for p in pos[lo:hi]]
+            a_ts.append(float(ts[x]))
+            a_node.append(int(node[x]))
+        else:
+            a_block += [int(b) for b in x.blocks]
+            a_tokens += [int(t) for t in x.tokens]
+            a_pos += [int(p) for p in x.pos]
+            a_ts.append(float(ts[0]) + x.time_s)
+            a_node.append(int(x.node))
+        a_start.append(len(a_block))
+    k_next = [0]
+    absent: dict[int, set] = {}
+
+    def expected(k, drams, locals_, shared):
+        issue, j, p = plan[k]
+        src = j if predictor == "oracle" else p
+        n = node[j]
+        tiers = [drams[n]] + ([locals_[n]] if locals_ else []) + ([shared] if shared is not None else [])
+        lst = []
+        for b in block[req_start[src]:req_start[src + 1]]:
+            if not any(int(b) in t for t in tiers):
+                break
+            lst.append(int(b))
+        jb = [int(b) for b in block[req_start[j]:req_start[j + 1]]]
+        return lst, {b for b in jb if b not in drams[n]}
+
+    def before(ar, drams, locals_, shared, shift):
+        kind, x = aug[ar]
+        r = x if kind == "real" else x.before
+        while k_next[0] < len(plan) and at_req[k_next[0]] <= r:
+            k = k_next[0]
+            lst, miss = expected(k, drams, locals_, shared)
+            if kind == "pf" and lst:
+                assert lst == [int(b) for b in x.blocks] and x.target == plan[k][1], (lst, x)
+                assert x.time_s == plan[k][0]
+                absent[plan[k][1]] = miss
+                k_next[0] += 1
+                return
+            assert not lst, ("a prefetch the compiled run did not make", plan[k], lst)
+            absent[plan[k][1]] = miss
+            k_next[0] += 1
+        assert kind == "real", ("a prefetch the twin did not plan", x)
+
+    out = twin.simulate_tiers(a_block, list(size), a_start, a_tokens, a_pos, a_ts, a_node, n_nodes=nodes,
+                              flash_lru=flash_lru, before=before, **kw)
+    assert k_next[0] == sum(1 for r in at_req if r < R)
+    # the figures: a block moved by a prefetch is useful iff its next access reads it from DRAM
+    dec = out["decision"]
+    moved: dict[int, float] = {}
+    fig = dict.fromkeys(("prefetch_requests", "moved_tokens", "useful_tokens", "needed_tokens", "covered_tokens",
+                         "held_token_seconds"), 0.0)
+    real_dec = []
+    for ar, (kind, x) in enumerate(aug):
+        lo, hi = a_start[ar], a_start[ar + 1]
+        if kind == "pf":
+            fig["prefetch_requests"] += 1
+            for t in range(lo, hi):
+                if dec[t] in (LOCAL, FLASH):
+                    moved[a_block[t]] = x.time_s
+                    fig["moved_tokens"] += size[a_block[t]]
+            continue
+        usable = True
+        for t in range(lo, hi):
+            b = a_block[t]
+            real_dec.append(dec[t])
+            if dec[t] == MISS:
+                usable = False
+            was = b in moved
+            if was:
+                landed = moved.pop(b)
+                if dec[t] == DRAM:
+                    fig["useful_tokens"] += size[b]
+                    fig["held_token_seconds"] += size[b] * (rel[x] - landed)
+            if usable and b in absent.get(x, ()):
+                fig["needed_tokens"] += size[b]
+                if was and dec[t] == DRAM:
+                    fig["covered_tokens"] += size[b]
+    out["real_decision"] = real_dec
+    out["figures"] = fig
+    return out
+
+
+DRAM, LOCAL, FLASH, MISS = twin.DRAM, twin.LOCAL, twin.FLASH, twin.MISS

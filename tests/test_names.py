@@ -53,7 +53,7 @@ def outputs(tmp_path_factory):
     run("size", CHAT, "--config", TIERS, "--out", d / "size.parquet", "--json", d / "size.json")
     run("load", CHAT, "--dram", "64GiB", "--flash", "1TiB", "--local-ssd", "256GiB", "--load", "1x,64x",
         "--out", d / "load.parquet", "--resources-out", d / "resources.parquet", "--json", d / "load.json")
-    run("scenario", CHAT, "--config", SCENARIOS, "--out", d / "scenario.parquet", "--timeline-out",
+    run("scenario", MIXED, "--config", SCENARIOS, "--out", d / "scenario.parquet", "--timeline-out",
         d / "timeline.parquet", "--json", d / "scenario.json")
     return d
 

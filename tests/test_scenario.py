@@ -72,7 +72,14 @@ def twin_run(trace, cfg):
         block_tokens=trace.meta.block_tokens, prefix_aware=sysc.eviction == "prefix-aware",
         dram=sysc.dram // BPT, local=sysc.local_ssd // BPT, flash=sysc.flash // BPT,
         policy=POLICY_NAMES[sysc.policy], param=policy.param, promotion=sysc.promotion,
-        write_through=sysc.write_mode == "write-through", first_measured=0)
+        write_through=sysc.write_mode == "write-through", first_measured=0, sketch_width=_width(trace, cfg))
+
+
+def _width(trace, cfg) -> int:
+    """The TinyLFU sketch width the replay uses (its doubled ids with a rollout)."""
+    sysc = cfg.system
+    m = trace.n_blocks * (2 if any(e.kind == "rollout" for e in cfg.scenario[0].event) else 1)
+    return K.sketch_width(sysc.flash // BPT + sysc.nodes * (sysc.local_ssd // BPT), trace.meta.block_tokens, m)
 
 
 def assert_equal_to_twin(trace, cfg):
@@ -291,7 +298,8 @@ def test_the_example_file_is_valid():
 
     cfg = load_scenario(Path(__file__).resolve().parents[1] / "sample_traces" / "scenario.example.toml")
     kinds = {e.kind for s in cfg.scenario for e in s.event}
-    assert kinds == {"cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl"}
+    assert kinds == {"cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl",
+                     "prestage"}
 
 
 # --------------------------------------------------------------------------- the command
@@ -304,7 +312,7 @@ def test_command_writes_every_output_and_prints_the_table(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     d = tmp_path
-    res = CliRunner().invoke(app, ["scenario", str(root / "sample_traces" / "chat.jsonl"), "--config",
+    res = CliRunner().invoke(app, ["scenario", str(root / "sample_traces" / "mixed.parquet"), "--config",
                                    str(root / "sample_traces" / "scenario.example.toml"), "--out",
                                    str(d / "t.parquet"), "--timeline-out", str(d / "tl.csv"), "--report",
                                    str(d / "r.md"), "--json", str(d / "s.json")], env={"COLUMNS": "250"})
@@ -314,11 +322,14 @@ def test_command_writes_every_output_and_prints_the_table(tmp_path):
     table = pl.read_parquet(d / "t.parquet")
     doc = json.loads((d / "s.json").read_text())
     assert table["scenario"].to_list() == [r["scenario"] for r in doc["scenarios"]]
-    assert table["scenario"][0] == "plain" and table.height == 8
+    assert table["scenario"][0] == "plain" and table.height == 10
+    assert "prestaging: what the prefetches moved" in res.stdout
+    assert table.filter(pl.col("prefetch_requests").is_not_null()).height == 2
     tl = pl.read_csv(d / "tl.csv")
     assert set(tl["scenario"].unique()) == set(table["scenario"])
     md = (d / "r.md").read_text()
-    assert md.startswith("# kvtrace scenario: chat.jsonl") and "data:image/svg+xml;base64," in md
+    assert md.startswith("# kvtrace scenario: mixed.parquet") and "data:image/svg+xml;base64," in md
+    assert "## Prestaging" in md
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -347,3 +358,154 @@ def test_command_bad_file_is_one_line(tmp_path, body, needle):
                                    "--out", str(out)], env={"COLUMNS": "250"})
     one_line_error(res, 1 if "TOML" in needle or "scenario[" in needle else 2, needle)
     assert out.read_bytes() == b"keep me"
+
+
+# --------------------------------------------------------------------------- prestaging
+def twin_prestage(trace, cfg, record):
+    sysc = cfg.system
+    ev = cfg.scenario[0].event[0]
+    req = trace.requests
+    pred = naive_scenario.predecessors(req["session_id"].to_list(), req["parent_id"].to_list(),
+                                       req["request_id"].to_list())
+    dur = naive_scenario.turn_times(ev.turn_time, req["input_tokens"].to_list(), req["output_tokens"].to_list())
+    node = route(trace, sysc.nodes, sysc.routing).tolist()
+    a = trace.accesses
+    policy = cfg.tier_config().parsed_policy
+    span = float(trace.request_timestamp[-1] - trace.request_timestamp[0])
+    return naive_scenario.run_prestage(
+        a.block, trace.block_size, list(trace.req_start), a.tokens, a.pos, list(trace.request_timestamp), node, pred,
+        dur, nodes=sysc.nodes, at=ev.at.resolve(span), predictor=ev.predictor, lead=ev.lead, record=record,
+        flash_lru=sysc.flash_order == "lru", block_tokens=trace.meta.block_tokens,
+        prefix_aware=sysc.eviction == "prefix-aware", dram=sysc.dram // BPT, local=sysc.local_ssd // BPT,
+        flash=sysc.flash // BPT, policy=POLICY_NAMES[sysc.policy], param=policy.param, promotion=sysc.promotion,
+        write_through=sysc.write_mode == "write-through", first_measured=0, sketch_width=_width(trace, cfg))
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("predictor", ["oracle", "last-context"])
+def test_prestage_equals_twin(seed, predictor):
+    rng = np.random.default_rng(100 + seed)
+    trace = small_trace(80, seed, kind=str(rng.choice(["chat", "agent"])))
+    total = int(np.asarray(trace.block_size).sum())
+    system = {
+        "dram": _bytes(int(rng.integers(2, max(3, total // 5)))),
+        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
+        "flash": _bytes(int(rng.integers(1, max(2, total)))),
+        "nodes": int(rng.integers(1, 3)),
+        "policy": str(rng.choice(["all", "second-hit", "tinylfu"])),
+        "promotion": str(rng.choice(["promote", "copy"])),
+        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
+        "flash_order": str(rng.choice(["lru", "fifo"])),
+        "eviction": str(rng.choice(["prefix-aware", "flat"])),
+    }
+    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    event = {"kind": "prestage", "predictor": predictor, "lead": str(rng.choice(["inf", "0.5", "3"])),
+             "at": str(rng.choice(["0", "30%"]))}
+    event["at"] = float(event["at"]) if event["at"] == "0" else event["at"]
+    event["lead"] = float(event["lead"]) if event["lead"] != "inf" else "inf"
+    cfg = config(system, [event])
+    record: list = []
+    load = cfg.load_model()
+    node = route(trace, cfg.system.nodes, cfg.system.routing)
+    plan = plan_events(trace, cfg, cfg.scenario[0].event, node, load.flash_targets)
+    dec = np.empty(trace.n_accesses, dtype=np.int8)
+    out = replay(trace, cfg, plan, model=MODEL, response=RESPONSE, load=load, first=0, decisions=dec, record=record)
+    out.demand.close()
+    want = twin_prestage(trace, cfg, record)
+    npt.assert_array_equal(dec & 3, want["real_decision"], err_msg="decisions")
+    assert out.counts == want["counts"]
+    got = {k: v for k, v in out.prefetch.items() if k != "displaced_tokens"}
+    assert got == pytest.approx(want["figures"], rel=1e-12, abs=1e-9)
+    assert len(record) == out.prefetch["prefetch_requests"]
+
+
+def test_prestage_is_seen_and_none_is_the_plain_run():
+    trace = small_trace(150, 11, kind="agent")
+    total = int(np.asarray(trace.block_size).sum())
+    system = {"dram": _bytes(total // 10), "flash": _bytes(total)}
+    dec0, _, _ = compiled(trace, config(system, []))
+    dec, out, _ = compiled(trace, config(system, [{"kind": "prestage", "predictor": "none"}]))
+    npt.assert_array_equal(dec, dec0)
+    dec, out, _ = compiled(trace, config(system, [{"kind": "prestage", "predictor": "oracle"}]))
+    assert not np.array_equal(dec, dec0)
+    assert out.prefetch["prefetch_requests"] > 0 and out.prefetch["moved_tokens"] > 0
+
+
+def test_oracle_prestage_with_room_covers_every_byte():
+    """The article's invariant: the oracle predictor, no bandwidth limit and a DRAM that
+    holds the prefetched prefix: every usable-prefix byte a paused turn needed from flash
+    is in DRAM at its arrival (coverage 1), and every moved byte is read from there."""
+    import pandas as pd
+
+    rows = []
+    t = 0.0
+    prefixes = {s: [1000 * s + i for i in range(4)] for s in range(3)}
+    for turn in range(4):  # three sessions taking turns 100 s apart: the others' turns evict a session's blocks
+        for s in range(3):
+            prefixes[s] = prefixes[s] + [1000 * s + 100 + 10 * turn + i for i in range(2)]
+            rows.append({"request_id": len(rows), "timestamp": t, "session_id": s,
+                         "input_tokens": 16 * len(prefixes[s]), "output_tokens": 10, "block_ids": list(prefixes[s])})
+            t += 100.0
+    from kvtrace.ingest.canonical import requests_to_trace as to_trace
+    from kvtrace.trace import TraceMeta
+
+    df = pl.from_pandas(pd.DataFrame(rows))
+    trace = to_trace(df, TraceMeta(block_tokens=16, source_format="bailian"))
+    per_block = 16 * BPT
+    # DRAM holds one turn (at most 12 blocks) but not three sessions' history: their blocks go to flash
+    system = {"dram": f"{14 * per_block}B", "flash": "1PiB"}
+    # issued 1 s before each turn: nothing else runs between the prefetch and the turn
+    cfg = config(system, [{"kind": "prestage", "predictor": "oracle", "lead": 1}])
+    _, out, _ = compiled(trace, cfg)
+    f = out.prefetch
+    assert f["needed_tokens"] > 0
+    assert f["covered_tokens"] == f["needed_tokens"]
+    assert f["useful_tokens"] == f["moved_tokens"] > 0
+
+
+def test_prestage_bandwidth_budget():
+    """Prefetches share the budget first come first served and land when their transfer
+    ends: an unlimited-like budget is the unlimited run; a small one delays every landing
+    (in issue order, never before the issue) and covers less."""
+    trace = small_trace(150, 5, kind="agent")
+    total = int(np.asarray(trace.block_size).sum())
+    system = {"dram": _bytes(total // 6), "flash": _bytes(total)}
+
+    def run(gbps):
+        ev = {"kind": "prestage", "predictor": "oracle", "lead": 2}
+        if gbps is not None:
+            ev["gbps"] = gbps
+        cfg = config(system, [ev])
+        load = cfg.load_model()
+        node = route(trace, cfg.system.nodes, cfg.system.routing)
+        plan = plan_events(trace, cfg, cfg.scenario[0].event, node, load.flash_targets)
+        dec = np.empty(trace.n_accesses, dtype=np.int8)
+        record: list = []
+        out = replay(trace, cfg, plan, model=MODEL, response=RESPONSE, load=load, first=0, decisions=dec,
+                     record=record)
+        out.demand.close()
+        return dec, out, record, plan
+
+    dec_inf, out_inf, rec_inf, plan = run(None)
+    dec_big, out_big, rec_big, _ = run(1e9)
+    npt.assert_array_equal(dec_big, dec_inf)
+    dec_small, out_small, rec_small, _ = run(0.5)
+    issue = dict(zip(plan.prestage.targets.tolist(), plan.prestage.issue_s.tolist()))
+    times = [r.time_s for r in rec_small]
+    assert times == sorted(times)
+    assert all(r.time_s >= issue[r.target] for r in rec_small)
+    assert any(r.time_s > issue[r.target] for r in rec_small)
+    cov = lambda o: o.prefetch["covered_tokens"] / o.prefetch["needed_tokens"]  # noqa: E731
+    assert cov(out_small) < cov(out_inf)
+
+
+def test_without_the_baseline_the_scenarios_are_the_same_runs(chat):
+    body = {"system": SYSTEM, "scenario": [{"name": "cold", "event": [{"kind": "cold-start", "at": "50%"}]}]}
+    with_base = run_scenarios(chat, scenario_from_dict(body), model=MODEL, gpu=GPU, response=RESPONSE)
+    alone = run_scenarios(chat, scenario_from_dict({**body, "run": {"baseline": False}}), model=MODEL, gpu=GPU,
+                          response=RESPONSE)
+    assert alone.table["scenario"].to_list() == ["cold"]
+    a, b = alone.table.to_dicts()[0], with_base.table.to_dicts()[1]
+    for k in ("ttft_p99_ms", "prefix_token_hit_rate", "prefill_gpu_seconds", "dropped_bytes"):
+        assert a[k] == b[k], k
+    assert a["extra_prefill_gpu_seconds"] is None and a["recovered_after_s"] is None

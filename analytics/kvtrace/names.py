@@ -44,7 +44,7 @@ import polars as pl
 UNITS = ("share", "utilisation", "requests/s", "1/s", "bytes", "bytes/token", "tokens", "blocks", "s", "ms", "USD",
          "USD/h", "USD/month", "USD/byte",
          "bytes/s",
-         "bytes/day", "GPU-s", "GPU-s/h", "GPU-h/month", "FLOPs", "DWPD", "count", "ratio", "text", "bool", "id",
+         "bytes/day", "byte-s", "GPU-s", "GPU-s/h", "GPU-h/month", "FLOPs", "DWPD", "count", "ratio", "text", "bool", "id",
          "price")
 
 #: The share of each kind of weight (the summary's ``unit``) under the scheme.
@@ -440,10 +440,18 @@ _SCENARIO = {
                                     "event's bin on"),
     "recovered_after_s": ("s", "from the first event to the first bin after which the per-bin hit rate stays "
                                "within the tolerance of the baseline's (null: not within the trace)"),
-    "recovered": ("bool", "whether it did within the trace"),
+    "recovered": ("bool", "whether it did within the trace (null without a baseline: [run] baseline = false)"),
     **{f"wait_p99_{r}_ms": _LOAD[f"wait_p99_{r}_ms"] for r in ("host_link", "nic", "local_ssd", "flash", "uplink",
                                                               "gpu")},
     "overloaded": _LOAD["overloaded"],
+    "prefetch_requests": ("count", "prefetches replayed (prestage): one per paused turn with blocks to touch"),
+    "prefetch_bytes": ("bytes", "bytes the prefetches moved from a flash tier into DRAM"),
+    "prefetch_useful_share": ("share", "of those, the bytes whose next access read them from DRAM"),
+    "prefetch_extra_bytes": ("bytes", "bytes moved and never read from DRAM (evicted first, or not accessed)"),
+    "prefetch_coverage_share": ("share", "prestaged turns' usable-prefix bytes not in DRAM when the prefetch was "
+                                         "issued that were read from DRAM thanks to a prefetch"),
+    "prefetch_dram_byte_seconds": ("byte-s", "DRAM held by useful prefetched blocks from landing to their read"),
+    "prefetch_displaced_bytes": ("bytes", "DRAM bytes the prefetches evicted"),
     "dropped_blocks": ("blocks", "blocks the events deleted from the tiers (a block once per tier)"),
     "dropped_bytes": ("bytes", "their bytes"),
 }
@@ -469,7 +477,7 @@ _SCENARIO_TIMELINE = {
 _SCENARIO_EVENTS = {
     "scenario": _SCENARIO["scenario"],
     "event": ("id", "the event's index in its scenario"),
-    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout or ttl"),
+    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout, ttl or prestage"),
     "text": ("text", "the event in words"),
     "at_s": ("s", "its time, after the trace's first request"),
     "first_request": ("id", "the first request at or after it (null: after the last)"),

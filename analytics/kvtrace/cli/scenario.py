@@ -39,8 +39,9 @@ def scenario(
     share_tenants: bool = ShareTenantsOpt,
 ) -> None:
     """Scenarios: cold start, restored metadata, migration, a lost flash target, a
-    catalog outage, a model rollout and TTL expiry, each replayed exactly beside the
-    baseline, with TTFT under the load model, a timeline and the time to recover.
+    catalog outage, a model rollout, TTL expiry and prestaging, each replayed exactly
+    beside the baseline, with TTFT under the load model, a timeline and the time to
+    recover.
     """
     from kvtrace.analyses.response import ResponseModel
     from kvtrace.analyses.scenario import load_scenario, run_scenarios
@@ -99,7 +100,7 @@ def scenario(
 
 
 def _render(trace_path: Path, result, elapsed: float) -> None:
-    from kvtrace.results.scenario_report import TERMINAL, table_rows
+    from kvtrace.results.scenario_report import TERMINAL, prefetch_rows, table_rows
 
     head, rows = table_rows(result.table, TERMINAL)
     t = Table(title=f"{trace_path.name}: scenarios side by side")
@@ -108,6 +109,14 @@ def _render(trace_path: Path, result, elapsed: float) -> None:
     for row in rows:
         t.add_row(*row)
     console.print(t)
+    head, rows = prefetch_rows(result.table)
+    if rows:
+        t = Table(title="prestaging: what the prefetches moved and what they bought")
+        for h in head:
+            t.add_column(h, justify="left" if h == "scenario" else "right")
+        for row in rows:
+            t.add_row(*row)
+        console.print(t)
     for ev in result.events.to_dicts():
         when = "never (after the trace's end)" if ev.get("first_request") is None else \
             f"before request {ev['first_request']:,}"

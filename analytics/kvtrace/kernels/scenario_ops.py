@@ -22,6 +22,11 @@ accessed again is a miss, not a first access.
 
 Every operation is O(entries dropped), but :func:`drop_target` and
 :func:`drop_namespace`, which walk the list (O(entries passed)).
+
+Prestaging (a prefetch is replayed as a request of the tier simulator): which leading
+blocks of a predicted list a node's tiers hold (:func:`present_prefix`), and the
+prefetch figures (:func:`account_prefetch`, :func:`account_requests`): a block moved
+into DRAM by a prefetch is useful iff its next access reads it from DRAM.
 """
 
 from __future__ import annotations
@@ -118,4 +123,77 @@ def drop_namespace(st, used, X, bound, budget):
     return n, tok
 
 
-__all__ = ["drop_all", "drop_idle", "drop_namespace", "drop_target"]
+# prefetch accounting (float64 sums): requests, blocks and tokens moved, tokens moved whose block's next access
+# read it from DRAM, the prestaged turns' usable-prefix tokens not in DRAM at issue and those read from DRAM
+# thanks to a prefetch, token-seconds from landing to that read, DRAM tokens evicted by the prefetches
+PF_REQUESTS, PF_BLOCKS, PF_MOVED, PF_USEFUL, PF_NEEDED, PF_COVERED, PF_HELD, PF_DISPLACED = range(8)
+N_PF = 8
+
+
+@njit(**NJIT)
+def present_prefix(st, block, Xd, Xl, Xf):
+    """How many leading ``block`` ids are in list ``Xd``, ``Xl`` or ``Xf`` (-1: no such
+    list): the blocks a prefetch can touch (it stops at the first it finds nowhere)."""
+    n = 0
+    for b in block:
+        if st[b, Xd, PREV] != ABSENT or (Xl >= 0 and st[b, Xl, PREV] != ABSENT) or \
+                (Xf >= 0 and st[b, Xf, PREV] != ABSENT):
+            n += 1
+        else:
+            break
+    return n
+
+
+@njit(**NJIT)
+def mark_absent(st, block, Xd, mark):
+    """``mark[i] = 1`` for every ``block[i]`` not in DRAM list ``Xd``."""
+    for i in range(block.shape[0]):
+        if st[block[i], Xd, PREV] == ABSENT:
+            mark[i] = 1
+
+
+@njit(**NJIT)
+def account_prefetch(block, decision, size, now, moved, landed, pf):
+    """A prefetch's accesses: those decided in a flash tier moved into DRAM (``moved[b] =
+    1``, ``landed[b] = now``)."""
+    pf[PF_REQUESTS] += 1
+    for t in range(block.shape[0]):
+        d = decision[t] & 3
+        if d == 1 or d == 2:
+            b = block[t]
+            moved[b] = 1
+            landed[b] = now
+            pf[PF_BLOCKS] += 1
+            pf[PF_MOVED] += size[b]
+
+
+@njit(**NJIT)
+def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absent, pf, meas_from):
+    """Real requests ``r0..``: a block moved by a prefetch is useful iff its next access
+    reads it from DRAM; a prestaged turn's usable-prefix tokens not in DRAM when its
+    prefetch was issued (``absent``, per access of the piece), and those read from DRAM
+    thanks to a prefetch (coverage). Measured requests (``>= meas_from``) only count."""
+    for r in range(lrs.shape[0] - 1):
+        rr = r0 + r
+        meas = rr >= meas_from
+        usable = True
+        for t in range(lrs[r], lrs[r + 1]):
+            b = block[t]
+            d = decision[t] & 3
+            if d == 3:
+                usable = False
+            was = moved[b] != 0
+            if was:
+                moved[b] = 0
+                if d == 0 and meas:
+                    pf[PF_USEFUL] += size[b]
+                    pf[PF_HELD] += size[b] * (req_t[rr] - landed[b])
+            if usable and absent[t] != 0 and meas:
+                pf[PF_NEEDED] += size[b]
+                if was and d == 0:
+                    pf[PF_COVERED] += size[b]
+
+
+__all__ = ["N_PF", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
+           "PF_USEFUL", "account_prefetch", "account_requests", "drop_all", "drop_idle", "drop_namespace",
+           "drop_target", "mark_absent", "present_prefix"]

@@ -46,9 +46,26 @@ def _fmt(v, kind: str, row: dict | None = None) -> str:
         return format_bytes(v)
     if kind == "ms":
         return f"{v:,.0f}"
+    if kind == "n":
+        return f"{v:,}"
+    if kind == "Bs":
+        return f"{format_bytes(v)}-s"
     if kind == "t":
         return f"{v:,.0f} s"
     return f"{v:,.1f}"
+
+
+#: The prestaging figures (rows with a prestage event): (column, heading, format).
+PREFETCH = (("scenario", "scenario", "s"), ("prefetch_requests", "prefetches", "n"),
+            ("prefetch_bytes", "moved", "B"), ("prefetch_useful_share", "read from DRAM", "%"),
+            ("prefetch_extra_bytes", "extra traffic", "B"), ("prefetch_coverage_share", "coverage", "%"),
+            ("prefetch_dram_byte_seconds", "DRAM held", "Bs"), ("prefetch_displaced_bytes", "displaced", "B"))
+
+
+def prefetch_rows(table: pl.DataFrame) -> tuple[list[str], list[list[str]]]:
+    """Headings and formatted rows of the prestaging figures (no rows without a prestage event)."""
+    rows = [r for r in table.to_dicts() if r.get("prefetch_requests") is not None]
+    return [h for _, h, _ in PREFETCH], [[_fmt(r.get(c), k, r) for c, _, k in PREFETCH] for r in rows]
 
 
 #: The columns of :data:`TABLE` the terminal shows.
@@ -107,6 +124,7 @@ def _blocks(result, trace_name: str) -> list[tuple]:
         ("p", f"Assumed: {info['assumptions']}."),
         ("h2", "Side by side"),
         ("table", head, rows),
+        *([("h2", "Prestaging"), ("table", *prefetch_rows(result.table))] if prefetch_rows(result.table)[1] else []),
         ("h2", "Events"),
         ("table", ["scenario", "event", "at", "first request", "blocks dropped", "bytes dropped"], ev_rows),
         ("h2", "Timeline"),
@@ -169,4 +187,4 @@ def report_html(result, trace_name: str) -> str:
             + f"\n<script type=\"text/javascript\">\n{embed}\n</script>\n</body></html>\n")
 
 
-__all__ = ["PANELS", "TABLE", "TERMINAL", "report_html", "report_markdown", "table_rows", "timeline_chart"]
+__all__ = ["PANELS", "PREFETCH", "TABLE", "TERMINAL", "prefetch_rows", "report_html", "report_markdown", "table_rows", "timeline_chart"]

@@ -1,8 +1,8 @@
 """Scenarios (``kvtrace scenario``): the same trace replayed through one tier system
 under dynamic conditions — a cold start, a restart that keeps the flash, sessions
 migrating between nodes, a lost flash target, a catalog outage, a model-version
-rollout, TTL expiry — each beside the baseline without events, with the load model's
-TTFT, a per-bin timeline and the time to recover.
+rollout, TTL expiry, prestaging during a session's pauses — each beside the baseline
+without events, with the load model's TTFT, a per-bin timeline and the time to recover.
 
 Semantics (exact: an event simulation; ``tests/naive_scenario.py`` is the slow twin):
 
@@ -22,6 +22,13 @@ Semantics (exact: an event simulation; ``tests/naive_scenario.py`` is the slow t
   from the event on; ``rollout`` moves a share of sessions (ramping) to a new model
   version whose blocks are a second namespace, and optionally retires the old
   version's blocks at a rate after the ramp;
+- ``prestage``: at a session's pause, a prefetch of the predicted next-turn blocks is
+  fed to the tier simulator as a request of its own between the real ones (its flash
+  hits promoted into DRAM as a request's are), up to the first block no tier of the node
+  holds; prefetches share a bandwidth first come first served. A moved block is useful
+  iff its next access reads it from DRAM; a prestaged turn's coverage counts the
+  usable-prefix bytes it did not have in DRAM at the prefetch's issue and read from DRAM
+  thanks to a prefetch. Prefetch transfers are not queued on the load model's links;
 - each run's per-request replay outputs feed the load model (:mod:`kvtrace.analyses.load`)
   at ``[load] scale``; the timeline bins the measured requests by arrival.
 
@@ -35,7 +42,8 @@ and ``events``.
 """
 
 from kvtrace.analyses.scenario.config import EVENT_KINDS, ScenarioFile, load_scenario, scenario_from_dict
-from kvtrace.analyses.scenario.run import BASELINE, ScenarioResult, plan_events, replay, run_scenarios
+from kvtrace.analyses.scenario.events import BASELINE, plan_events
+from kvtrace.analyses.scenario.run import ScenarioResult, replay, run_scenarios
 
 __all__ = ["BASELINE", "EVENT_KINDS", "ScenarioFile", "ScenarioResult", "load_scenario", "plan_events", "replay",
            "run_scenarios", "scenario_from_dict"]

@@ -177,9 +177,40 @@ class Ttl(_Event):
         return seconds(v)
 
 
-Event = Annotated[Union[ColdStart, Restored, Migration, TargetLoss, CatalogOutage, Rollout, Ttl],
+class Prestage(_Event):
+    """From ``at`` on, when a session pauses between two turns (the previous turn's end,
+    ``turn_time`` after its arrival, before the next turn's arrival), the prefix the next
+    turn will need is moved from the flash tiers into its node's DRAM ahead of it.
+
+    ``predictor``: ``oracle`` (the next turn's own blocks), ``last-context`` (the
+    previous turn's blocks) or ``none``. The move is issued ``lead`` seconds before the
+    next turn's arrival, never before the previous turn's end (``inf``: at its end), and
+    prefetches share ``gbps`` of bandwidth first come first served (``inf``: none), a
+    prefetch's blocks landing in DRAM together when its transfer completes.
+    ``turn_time``: a turn's duration, an expression of ``input`` and ``output`` tokens
+    (seconds; numbers, + - * /, min, max) or ``trace`` (its end_timestamp)."""
+
+    kind: Literal["prestage"]
+    at: When = When(seconds=0.0)
+    predictor: Literal["oracle", "last-context", "none"] = "oracle"
+    lead: float = math.inf
+    gbps: float = Field(math.inf, gt=0.0)
+    turn_time: str = "input/5000 + output/50"
+
+    @field_validator("lead", mode="before")
+    @classmethod
+    def _l(cls, v):
+        return seconds(v)
+
+    @field_validator("gbps", mode="before")
+    @classmethod
+    def _g(cls, v):
+        return math.inf if isinstance(v, str) and v.strip().lower() in ("inf", "infinity", "none") else v
+
+
+Event = Annotated[Union[ColdStart, Restored, Migration, TargetLoss, CatalogOutage, Rollout, Ttl, Prestage],
                   Field(discriminator="kind")]
-EVENT_KINDS = ("cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl")
+EVENT_KINDS = ("cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl", "prestage")
 
 
 class Scenario(_Strict):
@@ -266,6 +297,7 @@ class RunSection(_Strict):
     warmup: str | None = None
     bin: float = 60.0
     recovery_tolerance: float = Field(0.01, gt=0.0, lt=1.0)
+    baseline: bool = True  # run the plain replay too (the extra prefill, shortfall and recovery need it)
 
     @field_validator("bin", mode="before")
     @classmethod
@@ -316,8 +348,7 @@ def _loc(loc: tuple, data: dict) -> str:
             name = node[part].get("name") if isinstance(node, list) and isinstance(node[part], dict) else None
             out[-1] += f"[{part}]" if not name else f"['{name}']"
             node = node[part] if isinstance(node, list) and part < len(node) else None
-        elif part in EVENT_KINDS or part in ("tagged-union[ColdStart,Restored,Migration,TargetLoss,CatalogOutage,"
-                                             "Rollout,Ttl]",):
+        elif part in EVENT_KINDS or str(part).startswith("tagged-union["):
             continue  # the union's branch: the event's own kind says it
         else:
             out.append(str(part))
@@ -385,5 +416,5 @@ def load_scenario(path: str | Path) -> ScenarioFile:
     return scenario_from_dict(data, str(path))
 
 
-__all__ = ["CatalogOutage", "ColdStart", "EVENT_KINDS", "Migration", "Restored", "Rollout", "Scenario",
+__all__ = ["CatalogOutage", "ColdStart", "EVENT_KINDS", "Migration", "Prestage", "Restored", "Rollout", "Scenario",
            "ScenarioFile", "TargetLoss", "Ttl", "load_scenario", "scenario_from_dict", "seconds"]

@@ -1,23 +1,17 @@
-"""One scenario: its events resolved against the trace (:func:`plan_events`), the tier
-replay with the events applied between requests (:func:`replay`), the load model over
-that replay, and the timeline and summary row (:func:`run_scenarios`).
+"""One scenario run: the tier replay with its events applied between requests
+(:func:`replay`; the events are resolved by :mod:`kvtrace.analyses.scenario.events`),
+the load model over that replay, and the timeline, recovery and summary row
+(:func:`run_scenarios`).
 
-How each event acts (the package docstring states the semantics):
-
-- *trace transforms*, decided before the replay from the trace alone: ``migration``
-  (the node of the moved sessions' later requests) and ``rollout`` (the moved
-  requests' blocks renumbered into a second namespace, ids ``M..2M-1``: the same
-  sizes, nothing shared with the first);
-- *state edits* at the first request at or after the event's time, before it is
-  served (:mod:`kvtrace.kernels.scenario_ops`): ``cold-start``, ``restored``,
-  ``target-loss``, ``ttl`` sweeps, ``rollout`` retirement steps, and ``catalog-outage``
-  (the shared flash list set aside with its capacity at 0, then put back as it was).
-
-An event whose time is after the last request never acts.
+A prefetch (``prestage``) is fed to the tier simulator as a request of its own between
+the real ones (:class:`_Slots` keeps the simulator's per-request arrays in that order);
+the real requests' outputs feed the load model and the timeline, the prefetches' feed
+the prestaging figures (:mod:`kvtrace.kernels.scenario_ops`).
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -28,240 +22,20 @@ from kvtrace.analyses.curves import parse_warmup, warmup_first_request
 from kvtrace.analyses.load import LoadLevel, run_level
 from kvtrace.analyses.load.demand import D_BD, D_BF, D_BL, D_SREST, D_WF, D_WL, Demand
 from kvtrace.analyses.response import ResponseModel
-from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Migration, Restored, Rollout, ScenarioFile,
-                                              TargetLoss, Ttl)
+from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Migration, Prestage, Restored, Rollout,
+                                              ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario.events import BASELINE, Action, Editor, EventPlan, plan_events
 from kvtrace.analyses.whatif.config import PROMOTIONS, route
 from kvtrace.analyses.whatif.simulate import tier_rules
 from kvtrace.errors import UsageError
-from kvtrace.kernels import scenario_ops as ops
 from kvtrace.kernels import tiers as K
-from kvtrace.kernels.tier_table import LIST0, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, R_TOTAL_TOK
+from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
+                                          PF_REQUESTS, PF_USEFUL, account_prefetch, account_requests, mark_absent,
+                                          present_prefix)
+from kvtrace.kernels.tier_table import ABSENT, C_EVICT_TOK, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, \
+    R_TOTAL_TOK
 from kvtrace.model import GpuSpec, ModelSpec
 from kvtrace.trace.source import AccessChunk
-
-#: Seeds of the per-session coin of each transform (independent of the routing hash).
-MIGRATION_SEED = 0x8CB92BA72F3D8DD7
-ROLLOUT_SEED = 0x4F1BBCDCBFA53E0B
-BASELINE = "plain"
-
-
-def session_coin(trace, seed: int) -> np.ndarray:
-    """float64[R] in [0, 1): a fixed coin per session (per request without a session
-    id): ``mix64(key ^ seed) / 2**64``, the session id's key as routing's."""
-    from kvtrace.analyses.whatif.config import mix64
-
-    req = trace.requests
-    rid = req["request_id"].to_numpy().astype(np.int64)
-    if "session_id" in req.columns:
-        sess = req["session_id"]
-        key = np.where(sess.is_null().to_numpy(), rid, sess.fill_null(0).to_numpy().astype(np.int64))
-    else:
-        key = rid
-    h = mix64(key.astype(np.int64).view(np.uint64) ^ np.uint64(seed))
-    return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
-
-
-@dataclass
-class Action:
-    """A state edit before request ``request`` (``time_s``: when the event asked for it,
-    seconds after the first request)."""
-
-    request: int
-    time_s: float
-    order: int
-    kind: str
-    args: tuple = ()
-    event: int = 0  # index of the event in its scenario
-
-
-@dataclass
-class EventPlan:
-    """A scenario's events resolved against a trace."""
-
-    node: np.ndarray  # int32[R]: the serving node of every request (migrations applied)
-    moved: np.ndarray | None  # bool[R]: requests of the new model version (rollouts), or None
-    actions: list[Action]
-    event_times: list[float]  # each event's time, seconds after the first request (inf: never)
-    event_first: list[int | None]  # each event's first request at or after its time (None: after the last)
-
-
-def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int) -> EventPlan:
-    """Resolve ``events`` (of one scenario) against ``trace``: the transforms, and the
-    state edits with the request each applies before."""
-    ts = np.asarray(trace.request_timestamp, dtype=np.float64)
-    R = ts.shape[0]
-    t0 = float(ts[0]) if R else 0.0
-    span = float(ts[-1] - t0) if R else 0.0
-    rel = ts - t0
-    sysc = cfg.system
-    has_flash = sysc.flash > 0
-    node = node.copy()
-    moved = None
-    actions: list[Action] = []
-    times = []
-    seq = 0
-
-    def at_request(t: float) -> int:
-        return int(np.searchsorted(rel, t, side="left")) if t < math.inf else R
-
-    def add(t: float, kind: str, args: tuple, i: int) -> None:
-        nonlocal seq
-        r = at_request(t)
-        if r < R:
-            actions.append(Action(r, t, seq, kind, args, i))
-            seq += 1
-
-    for i, ev in enumerate(events):
-        t = ev.at.resolve(span)
-        times.append(t)
-        if isinstance(ev, (TargetLoss, CatalogOutage)) and not has_flash:
-            raise UsageError(f"a {ev.kind} event needs a shared flash tier ([system] flash > 0)", field="system.flash")
-        if isinstance(ev, ColdStart):
-            add(t, "wipe", ("all",), i)
-        elif isinstance(ev, Restored):
-            add(t, "wipe", ("dram",), i)
-        elif isinstance(ev, TargetLoss):
-            if ev.target >= targets:
-                raise UsageError(f"target {ev.target} of {targets} flash targets ([load] flash_targets): expected "
-                                 f"0..{targets - 1}", field="scenario.event.target")
-            add(t, "target", (targets, ev.target), i)
-        elif isinstance(ev, CatalogOutage):
-            if np.asarray(trace.block_size).size and int(np.min(trace.block_size)) < 1:
-                raise UsageError("a catalog-outage event needs every block to occupy at least one token",
-                                 field="scenario.event.kind")
-            add(t, "hide", (), i)
-            add(t + ev.duration, "show", (), i)
-        elif isinstance(ev, Ttl):
-            ttls = (ev.dram, ev.local_ssd, ev.shared_flash)
-            if all(x == math.inf for x in ttls):
-                continue
-            if not ev.sweep > 0:
-                raise UsageError("expected a sweep interval > 0", field="scenario.event.sweep")
-            k_last = math.floor((span - t) / ev.sweep) if span >= t else -1
-            for k in range(k_last + 1):
-                add(t + k * ev.sweep, "expire", ttls, i)
-        elif isinstance(ev, Migration):
-            if sysc.nodes < 2:
-                raise UsageError("a migration event needs at least two nodes ([system] nodes)", field="system.nodes")
-            coin = session_coin(trace, MIGRATION_SEED + i)
-            r = at_request(t)
-            sel = np.zeros(R, dtype=bool)
-            sel[r:] = coin[r:] < ev.share
-            node[sel] = (node[sel] + 1) % sysc.nodes
-        elif isinstance(ev, Rollout):
-            coin = session_coin(trace, ROLLOUT_SEED)
-            if ev.ramp > 0:
-                share = ev.share * np.clip((rel - t) / ev.ramp, 0.0, 1.0)
-            else:
-                share = np.where(rel >= t, ev.share, 0.0)
-            now = coin < share
-            # a session stays on the new version once moved (the share only grows)
-            moved = now if moved is None else (moved | now)
-            if ev.retire_gbps > 0 and ev.step > 0:
-                end = t + ev.ramp
-                k_last = math.floor((span - end) / ev.step) if span >= end else -1
-                for k in range(k_last + 1):
-                    add(end + (k + 1) * ev.step, "retire", (ev.retire_gbps * 1e9 * ev.step,), i)
-        else:  # pragma: no cover - the schema admits no other kind
-            raise AssertionError(ev)
-    actions.sort(key=lambda a: (a.request, a.time_s, a.order))
-    first = [at_request(t) for t in times]
-    return EventPlan(node, moved, actions, times, [r if r < R else None for r in first])
-
-
-class _Editor:
-    """Applies a plan's actions to a :class:`~kvtrace.kernels.tiers.TierSimulator`."""
-
-    def __init__(self, sim: K.TierSimulator, nodes: int, has_local: bool, has_flash: bool, bpt: int, n_old: int,
-                 quantum_s: float, flash_cap: int, flash_lru: bool):
-        self.sim = sim
-        self._flash_cap = flash_cap
-        self._flash_lru = flash_lru
-        self.dram = [LIST0 + n for n in range(nodes)]
-        self.local = [LIST0 + nodes + n for n in range(nodes)] if has_local else []
-        self.flash = [LIST0 + nodes * (1 + int(has_local))] if has_flash else []
-        self.bpt = bpt
-        self.n_old = n_old
-        self.quantum = quantum_s
-        self.hidden = None
-        self.dropped = {}  # event index -> [blocks, tokens]
-
-    def _count(self, ev: int, n: int, tok: int) -> None:
-        d = self.dropped.setdefault(ev, [0, 0])
-        d[0] += int(n)
-        d[1] += int(tok)
-
-    def apply(self, a: Action) -> None:
-        st, used = self.sim.st, self.sim.used
-        if a.kind == "wipe":
-            lists = self.dram if a.args[0] == "dram" else self.dram + self.local + self.flash
-            for X in lists:
-                if self.hidden is not None and X in self.flash:
-                    continue  # the catalog is down: its blocks are set aside, lost when it is back
-                self._count(a.event, *ops.drop_all(st, used, X))
-            if self.hidden is not None and a.args[0] != "dram":
-                self.hidden = ("lost",)
-        elif a.kind == "target":
-            T, k = a.args
-            if self.hidden is None:
-                self._count(a.event, *ops.drop_target(st, used, self.flash[0], T, k))
-            else:
-                self._hidden_target(a.event, T, k)
-        elif a.kind == "hide":
-            if self.hidden is not None:
-                raise UsageError("two catalog outages overlap", field="scenario.event.duration")
-            X = self.flash[0]
-            self.hidden = (st[:, X, :].copy(), int(used[X]), int(self.sim.cap[X]))
-            ops.drop_all(st, used, X)
-            self.sim.cap[X] = 0
-        elif a.kind == "show":
-            X = self.flash[0]
-            saved = self.hidden
-            self.hidden = None
-            if saved is None:
-                return
-            if len(saved) == 1:  # wiped while down: nothing comes back
-                self.sim.cap[X] = self._flash_cap
-                return
-            col, u, cap = saved
-            st[:, X, :] = col
-            used[X] = u
-            self.sim.cap[X] = cap
-        elif a.kind == "expire":
-            ttls = a.args
-            for lists, ttl, fifo in ((self.dram, ttls[0], False), (self.local, ttls[1], not self._flash_lru),
-                                     (self.flash, ttls[2], not self._flash_lru)):
-                if ttl == math.inf:
-                    continue
-                cutoff = math.ceil((a.time_s - ttl) / self.quantum)
-                for X in lists:
-                    if self.hidden is not None and X in self.flash:
-                        continue
-                    self._count(a.event, *ops.drop_idle(st, used, X, fifo, cutoff))
-        elif a.kind == "retire":
-            budget = int(a.args[0] // self.bpt)
-            for X in self.dram + self.local + self.flash:
-                if self.hidden is not None and X in self.flash:
-                    continue
-                self._count(a.event, *ops.drop_namespace(st, used, X, self.n_old, budget))
-        else:  # pragma: no cover
-            raise AssertionError(a.kind)
-
-    def _hidden_target(self, ev: int, T: int, k: int) -> None:
-        """A target lost while the catalog is down: its blocks leave the set-aside list."""
-        if len(self.hidden) == 1:
-            return
-        col, u, cap = self.hidden
-        X = self.flash[0]
-        st = self.sim.st
-        saved = st[:, X, :].copy()
-        st[:, X, :] = col
-        used = np.zeros_like(self.sim.used)
-        used[X] = u
-        n, tok = ops.drop_target(st, used, X, T, k)
-        self._count(ev, n, tok)
-        self.hidden = (st[:, X, :].copy(), int(used[X]), cap)
-        st[:, X, :] = saved
 
 
 @dataclass
@@ -274,13 +48,54 @@ class ReplayOut:
     recompute_s: np.ndarray  # GPU-seconds of reusable tokens recomputed
     counts: dict
     dropped: dict = field(default_factory=dict)
+    prefetch: dict | None = None  # the prestaging figures (tokens, token-seconds), with a prestage event
+
+
+@dataclass
+class Synthetic:
+    """A prefetch to replay as a request of the tier simulator (``blocks`` with the
+    source turn's ``tokens`` and ``pos``), before real request ``before``."""
+
+    before: int
+    time_s: float
+    node: int
+    blocks: np.ndarray
+    tokens: np.ndarray
+    pos: np.ndarray
+    target: int
+
+
+class _Slots:
+    """The tier simulator's request slots: the real requests in order, with the
+    prefetches replayed as requests between them (their per-request arrays written as
+    each is fed)."""
+
+    def __init__(self, ts: np.ndarray, node: np.ndarray, extra: int):
+        R = ts.shape[0]
+        self.ts = ts
+        self.node = node
+        self.t0 = float(ts[0]) if R else 0.0
+        # the real times, then room for the prefetches (the same span: the same time quantum)
+        self.req_ts = np.concatenate([ts, np.full(extra, ts[-1] if R else 0.0)])
+        self.req_node = np.concatenate([node, np.zeros(extra, dtype=np.int32)]).astype(np.int32)
+        self.next = 0
+
+    def quantum_q(self, sim, t_abs: float) -> int:
+        return int(math.floor(math.ldexp(t_abs - self.t0, -(K.HIST_MIN_EXP + sim.shift))))
+
+
+def _heap_push(heap: list, a: Action) -> None:
+    heapq.heappush(heap, (a.request, a.time_s, a.order, a))
 
 
 def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, response: ResponseModel, load,
-           first: int, progress=None, decisions: np.ndarray | None = None) -> ReplayOut:
-    """The tier replay of ``trace`` through ``cfg``'s system with ``plan`` applied
-    (``decisions``, if given, int8[N]: every access's decision, ``COLD_FLAG`` added to a
-    cold one's)."""
+           first: int, progress=None, decisions: np.ndarray | None = None, record: list | None = None) -> ReplayOut:
+    """The tier replay of ``trace`` through ``cfg``'s system with ``plan`` applied.
+
+    The events act between requests (an action before its request; a prefetch is fed to
+    the simulator as a request of its own, between the real ones: :class:`_Slots`).
+    ``decisions``, if given, int8[N]: every real access's decision, ``COLD_FLAG`` added to
+    a cold one's; ``record``, if given, receives every prefetch fed (:class:`Synthetic`)."""
     sysc = cfg.system
     config = cfg.tier_config()
     bpt = int(model.kv_bytes_per_token)
@@ -297,62 +112,154 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     if policy.kind in ("value", "reuse-oracle", "group"):
         raise UsageError(f"kvtrace scenario does not run the {policy.kind} admission policy yet; use all, none, "
                          "second-hit, freq>=k, prob:p, idle<T or tinylfu", field="system.policy")
-    sim = K.TierSimulator(size, trace.request_timestamp, plan.node, block_tokens=trace.meta.block_tokens,
+    R = trace.n_requests
+    ts = np.asarray(trace.request_timestamp, dtype=np.float64)
+    rel = ts - ts[0] if R else ts
+    pre = plan.prestage
+    slots = _Slots(ts, plan.node, 0 if pre is None else len(pre.targets))
+    total_slots = slots.req_ts.shape[0]
+    sim = K.TierSimulator(size, slots.req_ts, slots.req_node, block_tokens=trace.meta.block_tokens,
                           prefix_aware=sysc.eviction == "prefix-aware", dram=caps[0], local=caps[1], flash=caps[2],
                           n_nodes=config.nodes, policy=policy.code, param=policy.param,
                           flash_lru=sysc.flash_order == "lru", promotion=PROMOTIONS[sysc.promotion],
-                          write_through=sysc.write_mode == "write-through", first_measured=first,
+                          write_through=sysc.write_mode == "write-through", first_measured=total_slots,
                           sketch_width=width, chunk_columns=True, rules=rules)
+    real_tq = sim.req_tq[:R].copy()
     quantum = 2.0 ** (K.HIST_MIN_EXP + sim.shift)
-    editor = _Editor(sim, config.nodes, caps[1] > 0, caps[2] > 0, bpt, M, quantum, caps[2],
+    editor = Editor(sim, config.nodes, caps[1] > 0, caps[2] > 0, bpt, M, quantum, caps[2],
                      sysc.flash_order == "lru")
-    R = trace.n_requests
     demand = Demand(trace, config, first, load.flash_targets, bpt, a_coef, b_coef, response,
                     load.prefill_tokens_per_s, block_size=size)
-    pre = np.zeros(R, dtype=np.float64)
+    pre_tok = np.zeros(R, dtype=np.float64)
     tot = np.zeros(R, dtype=np.float64)
     rec = np.zeros(R, dtype=np.float64)
     tps = load.prefill_tokens_per_s
-    acts = plan.actions
-    ai = 0
+    heap: list = []
+    for a in plan.actions:
+        _heap_push(heap, a)
+    pf = np.zeros(N_PF, dtype=np.float64)
+    pf_moved = np.zeros(size.shape[0] if pre is not None else 0, dtype=np.int8)
+    pf_landed = np.zeros(pf_moved.shape[0], dtype=np.float64)
+    pf_absent = np.zeros(trace.n_accesses if pre is not None else 0, dtype=np.int8)  # per access of a prestaged turn
+    busy = [-math.inf]  # the prefetch transfers' queue: when the last one ends (seconds after the first request)
+    seq = [len(plan.actions)]
+
+    def feed_real(ch, r_lo: int, r_hi: int) -> None:
+        slot = sim.next_request
+        n = r_hi - r_lo
+        sim.req_ts[slot:slot + n] = ts[r_lo:r_hi]
+        sim.req_tq[slot:slot + n] = real_tq[r_lo:r_hi]
+        sim.req_node[slot:slot + n] = plan.node[r_lo:r_hi]
+        if r_lo <= first < r_hi:
+            sim.ip[K.I_FIRST_MEASURED] = slot + first - r_lo
+        i0, i1 = r_lo - ch.r, r_hi - ch.r
+        lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
+        block = ch.block[lo:hi]
+        if moved is not None:
+            mv = np.repeat(moved[r_lo:r_hi], np.diff(ch.lrs[i0:i1 + 1]))
+            block = np.where(mv, block + M, block)
+        lrs = ch.lrs[i0:i1 + 1] - lo
+        piece = AccessChunk(r_lo, r_hi, ch.lo + lo, ch.lo + hi, block, ch.tokens[lo:hi], ch.pos[lo:hi], lrs)
+        decision = sim.feed(block, piece.tokens, piece.pos, lrs)
+        if decisions is not None:
+            decisions[piece.lo:piece.hi] = decision
+        q = sim.chunk_out
+        demand.add(piece, decision, q, plan.node)
+        pre_tok[r_lo:r_hi] = q[:, R_PRE_TOK]
+        tot[r_lo:r_hi] = q[:, R_TOTAL_TOK]
+        if tps is None:
+            rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
+        else:
+            rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+        if pre is not None:
+            account_requests(np.ascontiguousarray(block, dtype=np.int64), decision, lrs, r_lo, rel, size, pf_moved,
+                              pf_landed, pf_absent[piece.lo:piece.hi], pf, first)
+
+    def lists(node: int):
+        Xd = LIST0 + node
+        Xl = editor.local[node] if editor.local else -1
+        Xf = editor.flash[0] if editor.flash and editor.hidden is None else -1
+        return Xd, Xl, Xf
+
+    def feed_prefetch(syn: Synthetic) -> None:
+        slot = sim.next_request
+        sim.req_ts[slot] = slots.t0 + syn.time_s
+        sim.req_tq[slot] = slots.quantum_q(sim, slots.t0 + syn.time_s)
+        sim.req_node[slot] = syn.node
+        measured = slot >= sim.ip[K.I_FIRST_MEASURED]
+        ev0 = int(sim.cnt[C_EVICT_TOK])
+        decision = sim.feed(syn.blocks, syn.tokens, syn.pos, np.array([0, syn.blocks.shape[0]], dtype=np.int64))
+        if measured:
+            account_prefetch(syn.blocks, decision, size, syn.time_s, pf_moved, pf_landed, pf)
+            pf[PF_DISPLACED] += int(sim.cnt[C_EVICT_TOK]) - ev0
+        if record is not None:
+            record.append(syn)
+
+    def prestage(a: Action) -> None:
+        k = a.args[0]
+        j = int(pre.targets[k])
+        node = int(plan.node[j])
+        shift = M if moved is not None and moved[j] else 0
+        Xd, Xl, Xf = lists(node)
+        if a.kind == "pf_issue":
+            src = j if pre.predictor == "oracle" else int(pre.preds[k])
+            lo, hi = int(trace.req_start[src]), int(trace.req_start[src + 1])
+            acc = trace.accesses
+            blocks = np.asarray(acc.block[lo:hi], dtype=np.int64) + shift
+            tokens = np.asarray(acc.tokens[lo:hi])
+            pos = np.asarray(acc.pos[lo:hi])
+            jl, jh = int(trace.req_start[j]), int(trace.req_start[j + 1])
+            if sim.next_request >= sim.ip[K.I_FIRST_MEASURED]:  # a measured turn's coverage
+                mark_absent(sim.st, np.asarray(acc.block[jl:jh], dtype=np.int64) + shift, Xd, pf_absent[jl:jh])
+            n = present_prefix(sim.st, blocks, Xd, Xl, Xf)
+            if n == 0:
+                return
+            syn = Synthetic(a.request, a.time_s, node, blocks[:n], tokens[:n], pos[:n], j)
+            if pre.gbps == math.inf:
+                feed_prefetch(syn)
+                return
+            in_dram = sim.st[syn.blocks, Xd, PREV] != ABSENT
+            nbytes = float(size[syn.blocks[~in_dram]].sum()) * bpt
+            start = max(a.time_s, busy[0])
+            busy[0] = start + nbytes / (pre.gbps * 1e9)
+            r = int(np.searchsorted(rel, busy[0], side="left"))
+            if r < R:
+                seq[0] += 1
+                _heap_push(heap, Action(r, busy[0], seq[0], "pf_apply", (k, syn), a.event))
+        else:  # pf_apply: the transfer is done; what is still in a tier lands
+            syn = a.args[1]
+            n = present_prefix(sim.st, syn.blocks, Xd, Xl, Xf)
+            if n:
+                feed_prefetch(Synthetic(syn.before, a.time_s, node, syn.blocks[:n], syn.tokens[:n], syn.pos[:n], j))
+
     try:
         for ch in trace.chunks():
-            cuts = sorted({a.request for a in acts[ai:] if ch.r <= a.request < ch.r_end} | {ch.r, ch.r_end})
-            for r_lo, r_hi in zip(cuts[:-1], cuts[1:]):
-                while ai < len(acts) and acts[ai].request == r_lo:
-                    editor.apply(acts[ai])
-                    ai += 1
-                if r_hi <= r_lo:
-                    continue
-                i0, i1 = r_lo - ch.r, r_hi - ch.r
-                lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
-                block = ch.block[lo:hi]
-                if moved is not None:
-                    mv = np.repeat(moved[r_lo:r_hi], np.diff(ch.lrs[i0:i1 + 1]))
-                    block = np.where(mv, block + M, block)
-                lrs = ch.lrs[i0:i1 + 1] - lo
-                piece = AccessChunk(r_lo, r_hi, ch.lo + lo, ch.lo + hi, block, ch.tokens[lo:hi], ch.pos[lo:hi], lrs)
-                decision = sim.feed(block, piece.tokens, piece.pos, lrs)
-                if decisions is not None:
-                    decisions[piece.lo:piece.hi] = decision
-                q = sim.chunk_out
-                demand.add(piece, decision, q, plan.node)
-                pre[r_lo:r_hi] = q[:, R_PRE_TOK]
-                tot[r_lo:r_hi] = q[:, R_TOTAL_TOK]
-                if tps is None:
-                    rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
-                else:
-                    rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+            r = ch.r
+            while True:
+                while heap and heap[0][0] == r:
+                    a = heapq.heappop(heap)[3]
+                    if a.kind in ("pf_issue", "pf_apply"):
+                        prestage(a)
+                    else:
+                        editor.apply(a)
+                if r >= ch.r_end:
+                    break
+                nxt = min(heap[0][0], ch.r_end) if heap else ch.r_end
+                feed_real(ch, r, nxt)
+                r = nxt
             if progress is not None:
                 progress(ch.hi, trace.n_accesses)
-        while ai < len(acts):  # a trace without requests
-            editor.apply(acts[ai])
-            ai += 1
-        run = sim.finish()
     except BaseException:
         demand.close()
         raise
-    return ReplayOut(demand, pre, tot, rec, run.counts, editor.dropped)
+    counts = dict(zip(COUNT_NAMES, sim.cnt.tolist()))
+    figures = None
+    if pre is not None:
+        figures = {"prefetch_requests": int(pf[PF_REQUESTS]), "moved_tokens": float(pf[PF_MOVED]),
+                   "useful_tokens": float(pf[PF_USEFUL]), "needed_tokens": float(pf[PF_NEEDED]),
+                   "covered_tokens": float(pf[PF_COVERED]), "held_token_seconds": float(pf[PF_HELD]),
+                   "displaced_tokens": float(pf[PF_DISPLACED])}
+    return ReplayOut(demand, pre_tok, tot, rec, counts, editor.dropped, figures)
 
 
 def _bins(rel: np.ndarray, first: int, bin_s: float) -> np.ndarray:
@@ -488,8 +395,9 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
     node0 = route(trace, config.nodes, config.routing)
     bin_s = cfg.run.bin
     level = LoadLevel(cfg.load.scale)
-    runs = [(BASELINE, [])] + [(s.name, list(s.event)) for s in cfg.scenario]
+    runs = ([(BASELINE, [])] if cfg.run.baseline else []) + [(s.name, list(s.event)) for s in cfg.scenario]
     rows, tls, ev_rows = [], [], []
+    bpt = int(model.kv_bytes_per_token)
     base_tl = None
     total = len(runs) * trace.n_accesses
     for k, (name, events) in enumerate(runs):
@@ -508,10 +416,14 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         ttft[first:first + ttft_m.shape[0]] = ttft_m
         tl = timeline(name, rel, first, bin_s, out, ttft[first:], load, load.slo_ttft_s,
                       config.nodes)
-        if base_tl is None:
+        if base_tl is None and cfg.run.baseline:
             base_tl = tl
         ev_t = min(plan.event_times) if plan.event_times else math.inf
-        rec_s, short, recovered = recovery(tl, base_tl, ev_t, float(rel[first]), bin_s, cfg.run.recovery_tolerance)
+        if base_tl is not None:
+            rec_s, short, recovered = recovery(tl, base_tl, ev_t, float(rel[first]), bin_s,
+                                               cfg.run.recovery_tolerance)
+        else:  # no baseline to compare with
+            rec_s, short, recovered = None, None, None
         pre = float(out.prefix_tokens[first:].sum())
         totv = float(out.total_tokens[first:].sum())
         s = {"scenario": name, "events": "; ".join(_event_text(e) for e in events) or "none"}
@@ -528,13 +440,23 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         s["local_write_bytes"] = float(tl["local_write_bytes"].sum())
         s["recompute_gpu_seconds"] = float(out.recompute_s[first:].sum())
         s["prefill_gpu_seconds"] = float(tl["prefill_gpu_seconds"].sum())
-        s["extra_prefill_gpu_seconds"] = (s["prefill_gpu_seconds"] - rows[0]["prefill_gpu_seconds"]) if rows else 0.0
+        s["extra_prefill_gpu_seconds"] = (s["prefill_gpu_seconds"] - rows[0]["prefill_gpu_seconds"] if rows
+                                          else 0.0) if cfg.run.baseline else None
         s["hit_rate_shortfall"] = short
         s["recovered_after_s"] = rec_s
         s["recovered"] = recovered
         for res in ("host_link", "nic", "local_ssd", "flash", "uplink", "gpu"):
             s[f"wait_p99_{res}_ms"] = row.get(f"wait_p99_{res}_ms")
         s["overloaded"] = bool(row.get("overloaded"))
+        pfx = out.prefetch
+        s["prefetch_requests"] = pfx["prefetch_requests"] if pfx else None
+        s["prefetch_bytes"] = pfx["moved_tokens"] * bpt if pfx else None
+        s["prefetch_useful_share"] = pfx["useful_tokens"] / pfx["moved_tokens"] if pfx and pfx["moved_tokens"] else None
+        s["prefetch_extra_bytes"] = (pfx["moved_tokens"] - pfx["useful_tokens"]) * bpt if pfx else None
+        s["prefetch_coverage_share"] = (pfx["covered_tokens"] / pfx["needed_tokens"] if pfx and pfx["needed_tokens"]
+                                        else None)
+        s["prefetch_dram_byte_seconds"] = pfx["held_token_seconds"] * bpt if pfx else None
+        s["prefetch_displaced_bytes"] = pfx["displaced_tokens"] * bpt if pfx else None
         s["dropped_blocks"] = int(sum(v[0] for v in out.dropped.values()))
         s["dropped_bytes"] = float(sum(v[1] for v in out.dropped.values()) * model.kv_bytes_per_token)
         rows.append(s)
@@ -558,7 +480,9 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
             "assumptions": (f"{load.assumptions(response)}; load factor {cfg.load.scale:g}x; cache rules "
                             f"{cfg.system.cache_rules}; measured from request {first:,} of {R:,} "
                             f"({rel[-1] - rel[first]:.0f} s); recovery = the per-bin prefix-token hit rate within "
-                            f"{cfg.run.recovery_tolerance:g} of the baseline's to the trace's end")}
+                            f"{cfg.run.recovery_tolerance:g} of the baseline's to the trace's end"
+                            + ("; prefetch transfers are not queued on the links (their bytes are reported)"
+                               if any(e.kind == "prestage" for s in cfg.scenario for e in s.event) else ""))}
     return ScenarioResult(table, pl.concat(tls, how="vertical_relaxed"), events_df, info)
 
 
@@ -577,6 +501,10 @@ def _event_text(e) -> str:
     if isinstance(e, Rollout):
         ret = f", old version retired at {e.retire_gbps:g} GB/s per tier" if e.retire_gbps else ""
         return f"rollout to {e.share:.0%} over {e.ramp:g}s from {at}{ret}"
+    if isinstance(e, Prestage):
+        lead = "at the previous turn's end" if e.lead == math.inf else f"{e.lead:g}s ahead"
+        bw = "" if e.gbps == math.inf else f" at {e.gbps:g} GB/s"
+        return f"prestage ({e.predictor}) {lead}{bw} from {at}"
     if isinstance(e, Ttl):
         parts = [f"{t} {v:g}s" for t, v in (("DRAM", e.dram), ("local SSD", e.local_ssd),
                                              ("flash", e.shared_flash)) if v != math.inf]
@@ -584,5 +512,4 @@ def _event_text(e) -> str:
     return e.kind  # pragma: no cover
 
 
-__all__ = ["Action", "BASELINE", "EventPlan", "ReplayOut", "ScenarioResult", "plan_events", "recovery", "replay",
-           "run_scenarios", "session_coin", "timeline"]
+__all__ = ["ReplayOut", "ScenarioResult", "Synthetic", "recovery", "replay", "run_scenarios", "timeline"]
