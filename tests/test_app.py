@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENTRY = ROOT / "analytics" / "kvtrace" / "app" / "kvtrace_app.py"
 CHAT = ROOT / "sample_traces" / "chat.jsonl"
 MIXED = ROOT / "sample_traces" / "mixed.parquet"
-PAGES = ("views/overview.py", "views/curves.py", "views/whatifs.py", "views/sizing.py")
+PAGES = ("views/overview.py", "views/curves.py", "views/whatifs.py", "views/sizing.py", "views/scenarios.py")
 GiB = 2**30
 TIMEOUT = 120  # seconds per script run: the first one compiles the kernels when the Numba cache is cold
 
@@ -879,3 +879,39 @@ def test_app_modules_never_import_streamlit():
             "kvtrace.results.present, kvtrace.results.chart_data, kvtrace.cli; "
             "assert 'streamlit' not in sys.modules, 'streamlit imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --------------------------------------------------------------------------- scenarios
+def test_scenarios_page_runs_the_example_and_shows_the_librarys_table(mixed):
+    from kvtrace.analyses.scenario import load_scenario, run_scenarios
+    from kvtrace.results.scenario_report import table_rows
+
+    at = launch("views/scenarios.py")
+    assert not at.error
+    assert not charts(at)  # nothing runs before the button
+    set_sidebar(at, "kv_sample", "mixed.parquet")
+    next(b for b in at.button if b.label == "Run the scenarios").click()
+    at.run()
+    clean(at)
+    assert not at.error, [e.value for e in at.error]
+    g = resolve_gpu(None)
+    ref = run_scenarios(mixed, load_scenario(ROOT / "sample_traces" / "scenario.example.toml"),
+                        model=resolve_model(None), gpu=g,
+                        response=ResponseModel(recompute_flops_per_s=g.effective_flops))
+    head, rows = table_rows(ref.table)
+    shown = table(at, "TTFT p99 ms")
+    assert shown.columns == head
+    assert [list(r) for r in shown.rows()] == rows
+    assert table(at, "coverage").height == 2  # the two prestaging scenarios
+    assert len(charts(at)) == 1
+
+
+def test_scenarios_page_bad_file_is_one_line():
+    at = launch("views/scenarios.py")
+    at.text_area(key="sc_text").set_value("[system]\ndram = 'lots'\n[[scenario]]\nname = 'x'\n")
+    next(b for b in at.button if b.label == "Run the scenarios").click()
+    at.run()
+    clean(at)
+    assert len(at.error) == 1
+    assert "scenario.toml: field 'system.dram'" in at.error[0].value
+    assert not charts(at)

@@ -28,7 +28,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 #: page url path -> Vega charts it draws. A deep link comes first, on the fresh server:
 #: it must open inside the app's navigation like any other page.
-PAGES = {"curves": 1, "": 3, "whatifs": 2, "sizing": 1}
+PAGES = {"curves": 1, "": 3, "whatifs": 2, "sizing": 1, "scenarios": 0}
 START_TIMEOUT_S = 90
 PAGE_TIMEOUT_MS = 90_000
 
@@ -143,13 +143,40 @@ def test_page_renders_in_a_real_browser(browser, server, path, tmp_path):
         page.wait_for_timeout(1000)  # let Vega and the grids finish painting before the screenshot
         _assert_no_exception(page)
         nav = page.locator('[data-testid="stSidebarNav"]').inner_text()
-        assert all(t in nav for t in ("Overview", "Curves", "What-ifs", "Sizing")), nav
+        assert all(t in nav for t in ("Overview", "Curves", "What-ifs", "Sizing", "Scenarios")), nav
         assert page.locator('[data-testid="stVegaLiteChart"]').count() >= charts
         if path == "sizing" and not charts:
             assert "not available" in page.locator('[data-testid="stApp"]').inner_text()
         shot = tmp_path / f"{path or 'overview'}.png"
         page.screenshot(path=str(shot), full_page=True)
         assert shot.stat().st_size > 10_000
+    finally:
+        page.close()
+
+
+def test_scenarios_run_in_a_real_browser(browser, server, tmp_path):
+    """The Scenarios page on the mixed sample: the example file runs, the table, the
+    prestaging figures and the timeline (one chart, four panels) are drawn."""
+    page = browser.new_page(viewport={"width": 1500, "height": 2600})
+    try:
+        page.goto(f"{server}/scenarios", timeout=PAGE_TIMEOUT_MS)
+        page.wait_for_selector("h1", timeout=PAGE_TIMEOUT_MS)
+        _wait_idle(page)
+        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
+        page.get_by_role("option", name="mixed.parquet").click()
+        _wait_idle(page)
+        page.get_by_role("button", name="Run the scenarios").click()
+        page.wait_for_function(
+            "() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
+            "[data-testid=\"stVegaLiteChart\"] svg.marks').length >= 1", timeout=PAGE_TIMEOUT_MS)
+        _wait_idle(page)
+        page.wait_for_timeout(1000)
+        _assert_no_exception(page)
+        text = page.locator('[data-testid="stApp"]').inner_text()
+        assert "Side by side" in text and "Prestaging" in text and "Timeline" in text, text[:2000]
+        assert page.locator('[data-testid="stAlertContainer"]').count() == 0
+        assert page.locator('[data-testid="stDataFrame"]').count() >= 3
+        page.screenshot(path=str(tmp_path / "scenarios.png"), full_page=True)
     finally:
         page.close()
 

@@ -214,3 +214,25 @@ def sizing_charts(key: str, config_toml: str, _result) -> list[dict]:
 
     return [make(_result).properties(width="container").to_dict()
             for make in (charts.sizing_curve_chart, charts.cost_slo_chart)]
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def scenarios(key: str, scenario_toml: str, model: str, gpu: str, _trace, _config):
+    """:func:`kvtrace.analyses.scenario.run_scenarios` (``kvtrace scenario``), keyed on the
+    scenario file's text and the sidebar's model and GPU."""
+    from kvtrace.analyses.scenario import run_scenarios
+
+    g = resolve_gpu(gpu)
+    bar, update = _progress_bar("Replaying the scenarios")
+    result = run_scenarios(_trace, _config, model=resolve_model(model), gpu=g,
+                           response=ResponseModel(recompute_flops_per_s=g.effective_flops), progress=update)
+    bar.empty()
+    return result
+
+
+@st.cache_data(show_spinner="Writing the report…", max_entries=8)
+def scenario_reports(key: str, scenario_toml: str, model: str, gpu: str, trace_name: str, _result) -> tuple[str, str]:
+    """The scenario report as Markdown and as self-contained HTML."""
+    from kvtrace.results.scenario_report import report_html, report_markdown
+
+    return report_markdown(_result, trace_name), report_html(_result, trace_name)

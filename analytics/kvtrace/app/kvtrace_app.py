@@ -16,5 +16,6 @@ st.navigation(
         st.Page("views/curves.py", title="Curves", icon=":material/show_chart:"),
         st.Page("views/whatifs.py", title="What-ifs", icon=":material/compare_arrows:"),
         st.Page("views/sizing.py", title="Sizing", icon=":material/shopping_cart:"),
+        st.Page("views/scenarios.py", title="Scenarios", icon=":material/science:"),
     ]
 ).run()
