@@ -3,6 +3,8 @@
 Plain Python, written from the kernel's module docstring (the event specification),
 one object per resource and one per request, one ``heapq`` of events:
 
+* a link may have a congestion window (from, to, share of its rate): work is served at
+  that share inside it, at the full rate outside (``finish_at``, ``served``);
 * a FCFS link keeps the time it is next free; a processor-sharing link keeps the
   *remaining* work of every job present and serves each at rate 1/n between events
   (brute force: every job's remainder decreases by ``dt / n``; the job with the least
@@ -134,6 +136,7 @@ class Sim:
         kinds = [HOST] * nodes + [NIC] * nodes + [LOCAL_SSD] * nodes + [FLASH] * targets + [UPLINK] + [GPU] * nodes
         self.st = [Station(k) for k in kinds]
         self.free = [0.0] * self.NL  # FCFS links
+        self.cw = [(math.inf, math.inf, 1.0)] * self.NL  # congestion windows: (from, to, share of the rate)
         self.ps_jobs = [[] for _ in range(self.NL)]  # PS links: jobs present, in arrival order
         self.ps_last = [0.0] * self.NL
         self.ps_version = [0] * self.NL
@@ -159,10 +162,43 @@ class Sim:
     def in_window(self, t):
         return self.p.w0 <= t <= self.p.w1
 
+    def finish_at(self, s, t, w):
+        """When link s, from t, has served w seconds of full-rate work: through the three
+        pieces of its rate (1 before its window, the window's share inside, 1 after)."""
+        c0, c1, x = self.cw[s]
+        if x == 1.0:
+            return t + w
+        for hi, rate in ((c0, 1.0), (c1, x), (math.inf, 1.0)):
+            if t < hi:
+                cap = (hi - t) * rate
+                if w <= cap:
+                    return t + (w / rate if rate > 0 else 0.0)
+                w -= cap
+                t = hi
+        raise AssertionError("unreachable")
+
+    def served(self, s, t0, t1):
+        """Full-rate work link s serves over [t0, t1]: the rate integrated piece by piece."""
+        c0, c1, x = self.cw[s]
+        total = 0.0
+        for lo, hi, rate in ((-math.inf, c0, 1.0), (c0, c1, x), (c1, math.inf, 1.0)):
+            a, b = max(t0, lo), min(t1, hi)
+            if b > a:
+                total += (b - a) * rate
+        return total
+
+    def predicted(self, s, a, w):
+        """From a until link s would finish a job of w arriving at a (the restore rule)."""
+        if self.cw[s][2] == 1.0:
+            return self.held(s, a) + w
+        if self.ps:
+            return self.finish_at(s, a, self.held(s, a) + w) - a
+        return self.finish_at(s, max(a, self.free[s]), w) - a
+
     def ps_advance(self, s, now):
         jobs = self.ps_jobs[s]
         if jobs:
-            dt = (now - self.ps_last[s]) / len(jobs)
+            dt = self.served(s, self.ps_last[s], now) / len(jobs)
             for j in jobs:
                 j.remaining -= dt
         self.ps_last[s] = now
@@ -172,13 +208,13 @@ class Sim:
         jobs = self.ps_jobs[s]
         if jobs:
             best = min(jobs, key=lambda j: j.remaining)  # the first of equals: the earliest arrival
-            self.push(now + max(0.0, best.remaining) * len(jobs), PS_EV, s, self.ps_version[s])
+            self.push(self.finish_at(s, now, max(0.0, best.remaining) * len(jobs)), PS_EV, s, self.ps_version[s])
 
     def held(self, s, now):
         """Work (seconds) link s holds at ``now``."""
         if self.ps:
             jobs = self.ps_jobs[s]
-            dt = (now - self.ps_last[s]) / len(jobs) if jobs else 0.0
+            dt = self.served(s, self.ps_last[s], now) / len(jobs) if jobs else 0.0
             return sum(max(0.0, j.remaining - dt) for j in jobs)
         return max(0.0, self.free[s] - now)
 
@@ -209,7 +245,7 @@ class Sim:
             start = now
         else:
             start = self.free[s]
-        finish = start + work
+        finish = self.finish_at(s, start, work)
         self.free[s] = finish
         st.busy += overlap(start, finish, p.w0, p.w1)
         st.count(now, 1.0, p)
@@ -304,17 +340,17 @@ class Sim:
         restore = True
         if B > 0:
             a, n = r.arrival, r.node
-            m = [B * p.client, self.held(n, a) + B * self.inv_b[n]]
+            m = [B * p.client, self.predicted(n, a, B * self.inv_b[n])]
             if r.bl > 0:
-                m.append(self.held(2 * N + n, a) + r.bl * self.inv_b[2 * N + n])
+                m.append(self.predicted(2 * N + n, a, r.bl * self.inv_b[2 * N + n]))
             if r.bf > 0:
                 for t in range(T):
                     if r.bft[t] > 0:
                         s = 3 * N + t
-                        m.append(self.held(s, a) + max(r.bft[t] * self.inv_b[s], r.rft[t] * self.inv_io[s]))
-                m.append(self.held(N + n, a) + r.bf * self.inv_b[N + n])
+                        m.append(self.predicted(s, a, max(r.bft[t] * self.inv_b[s], r.rft[t] * self.inv_io[s])))
+                m.append(self.predicted(N + n, a, r.bf * self.inv_b[N + n]))
                 if self.uplink:
-                    m.append(self.held(3 * N + T, a) + r.bf * self.inv_b[3 * N + T])
+                    m.append(self.predicted(3 * N + T, a, r.bf * self.inv_b[3 * N + T]))
             restore = p.flash_fixed + max(m) <= r.s_fl
         r.restore = restore
         r.gpu_work = r.s_rest if restore else r.s_rest + r.s_fl
@@ -445,11 +481,14 @@ class Sim:
 
 
 def simulate(nodes, targets, gpus, inv_rate, inv_iops, p: Params, requests, *, ps=False, uplink=False,
-             n_measured=None) -> Result:
+             n_measured=None, congest=()) -> Result:
     """Run ``requests`` (dicts with ``arrival, node, index, bd, bl, bf, bft, rft, s_rest,
-    k_rest, s_fl, k_fl, wl, wf``; in arrival order) and every event after the last."""
+    k_rest, s_fl, k_fl, wl, wf``; in arrival order) and every event after the last;
+    ``congest``: (link, from, to, share of its rate) windows."""
     n_measured = sum(1 for q in requests if q["index"] >= 0) if n_measured is None else n_measured
     sim = Sim(nodes, targets, gpus, inv_rate, inv_iops, p, ps=ps, uplink=uplink, n_measured=n_measured)
+    for s, c0, c1, x in congest:
+        sim.cw[s] = (c0, c1, x if c1 > c0 else 1.0)
     try:
         for q in requests:
             sim.run_until(q["arrival"])

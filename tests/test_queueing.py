@@ -102,6 +102,8 @@ def run_kernel(case, cuts=()):
     n_meas = sum(1 for r in reqs if r["index"] >= 0)
     sim = Q.QueueSim(case["nodes"], T, case["gpus"], case["inv_rate"], case["inv_iops"], fp_of(case["p"]),
                      ps=case["ps"], uplink=case["uplink"], n_measured=n_meas)
+    for station, c0, c1, x in case.get("congest", ()):
+        sim.congest(station, c0, c1, x)
     c = columns(reqs, T)
     bounds = [0, *cuts, len(reqs)]
     for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
@@ -113,7 +115,8 @@ def run_kernel(case, cuts=()):
 
 def run_twin(case):
     return twin.simulate(case["nodes"], case["targets"], case["gpus"], case["inv_rate"], case["inv_iops"],
-                         case["p"], case["requests"], ps=case["ps"], uplink=case["uplink"])
+                         case["p"], case["requests"], ps=case["ps"], uplink=case["uplink"],
+                         congest=case.get("congest", ()))
 
 
 # --------------------------------------------------------------------------- comparison
@@ -213,7 +216,7 @@ def test_no_requests():
     case = random_case(3, m=1)
     case["requests"] = []
     sim = run_kernel(case)
-    assert not sim.overloaded and sim.ttft.shape == (0,) and sim.sf.sum() == 0 and sim.whist.sum() == 0
+    assert not sim.overloaded and sim.ttft.shape == (0,) and sim.sf[:, :Q.SF_CW0].sum() == 0 and sim.whist.sum() == 0
 
 
 def test_nothing_to_restore_or_compute_is_route_plus_decode():
@@ -284,3 +287,69 @@ def test_warm_up_only():
     sim, ref = run_kernel(case), run_twin(case)
     assert sim.ttft.shape == (0,) and sim.whist.sum() == 0 and sum(ref.branches) == 0
     compare(sim, ref, exact=not case["ps"])
+
+
+# --------------------------------------------------------------------------- congestion windows
+def with_congestion(case, seed: int, n: int = 3):
+    """The case with ``n`` links congested: a window over the busy part of the run at a
+    random share of their rate (0: the link stops in the window)."""
+    rng = np.random.default_rng(seed)
+    NL = 3 * case["nodes"] + case["targets"] + 1
+    end = case["requests"][-1]["arrival"] if case["requests"] else 1.0
+    congest = []
+    for s in rng.choice(NL, size=min(n, NL), replace=False):
+        c0 = float(rng.uniform(0, end))
+        congest.append((int(s), c0, c0 + float(rng.uniform(0.1, end)), float(rng.choice([0.0, 0.1, 0.5, 0.9]))))
+    return {**case, "congest": congest}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_congested_links_kernel_equals_twin(seed):
+    case = with_congestion(random_case(5000 + seed, gap=float(np.random.default_rng(seed).choice([0.05, 0.25]))),
+                           seed)
+    ref = run_twin(case)
+    compare(run_kernel(case), ref, exact=not case["ps"])
+
+
+@pytest.mark.parametrize("ps", [False, True])
+def test_congestion_changes_the_run_and_a_window_outside_it_does_not(ps):
+    case = random_case(77, ps=ps, gap=0.05, m=200)
+    plain = run_kernel(case)
+    end = case["requests"][-1]["arrival"]
+    NL = 3 * case["nodes"] + case["targets"] + 1
+    late = {**case, "congest": [(s, end + 1e6, end + 2e6, 0.1) for s in range(NL)]}
+    for a, b in ((plain.ttft, run_kernel(late).ttft), (plain.sf[:, :Q.SF_CW0], run_kernel(late).sf[:, :Q.SF_CW0])):
+        np.testing.assert_array_equal(a, b)
+    full_share = {**case, "congest": [(s, 0.0, end + 1e6, 1.0) for s in range(NL)]}
+    np.testing.assert_array_equal(plain.ttft, run_kernel(full_share).ttft)
+    slow = {**case, "congest": [(0, 0.0, end, 0.05)]}
+    assert np.nansum(run_kernel(slow).ttft) > np.nansum(plain.ttft)
+
+
+@pytest.mark.parametrize("ps", [False, True])
+def test_a_window_over_the_whole_run_is_the_slower_link(ps):
+    """Theory: a link at x of its rate for the whole run is a link with 1/x its inverse rate."""
+    case = random_case(78, ps=ps, gap=0.1, m=120)
+    x = 0.25
+    NL = 3 * case["nodes"] + case["targets"] + 1
+    slow_rate = case["inv_rate"].copy()
+    slow_rate[:NL] = slow_rate[:NL] / x
+    slow_io = case["inv_iops"].copy()
+    slow_io[:NL] = slow_io[:NL] / x
+    windowed = run_kernel({**case, "congest": [(s, 0.0, math.inf, x) for s in range(NL)]})
+    slower = run_kernel({**case, "inv_rate": slow_rate, "inv_iops": slow_io})
+    np.testing.assert_allclose(windowed.ttft, slower.ttft, rtol=1e-9, atol=1e-12, equal_nan=True)
+    np.testing.assert_array_equal(windowed.branches, slower.branches)
+
+
+def test_one_job_through_a_window_by_hand():
+    """A FCFS job of 10 s of work from t = 0 on a link at half rate over [4, 8): 4 s, then
+    4 s giving 2 s of work, then 4 s: it ends at 12."""
+    sim = Q.QueueSim(1, 1, 1, np.zeros(5), np.zeros(5), np.zeros(Q.N_FP), ps=False, uplink=False, n_measured=0)
+    sim.congest(0, 4.0, 8.0, 0.5)
+    assert Q._finish_at(sim.sf, 0, 0.0, 10.0) == 12.0
+    assert Q._finish_at(sim.sf, 0, 5.0, 1.0) == 7.0
+    assert Q._finish_at(sim.sf, 0, 9.0, 1.0) == 10.0
+    assert Q._served(sim.sf, 0, 0.0, 12.0) == 10.0
+    sim.congest(0, 4.0, 8.0, 0.0)  # stopped in the window
+    assert Q._finish_at(sim.sf, 0, 3.0, 2.0) == 9.0

@@ -244,7 +244,8 @@ def test_run_scenarios_table_timeline_and_recovery(chat):
     assert t["scenario"].to_list() == ["plain", "cold", "never"]
     plain, cold, never = t.to_dicts()
     assert cold["recompute_gpu_seconds"] > plain["recompute_gpu_seconds"]
-    assert cold["extra_prefill_gpu_seconds"] == pytest.approx(cold["prefill_gpu_seconds"] - plain["prefill_gpu_seconds"])
+    extra = cold["prefill_gpu_seconds"] - plain["prefill_gpu_seconds"]
+    assert cold["extra_prefill_gpu_seconds"] == pytest.approx(extra)
     assert cold["extra_prefill_gpu_seconds"] > 0
     assert never["extra_prefill_gpu_seconds"] == 0.0 and never["hit_rate_shortfall"] is None
     for k in ("ttft_p50_ms", "ttft_p99_ms", "prefix_token_hit_rate", "dram_read_bytes", "flash_read_bytes"):
@@ -299,7 +300,7 @@ def test_the_example_file_is_valid():
     cfg = load_scenario(Path(__file__).resolve().parents[1] / "sample_traces" / "scenario.example.toml")
     kinds = {e.kind for s in cfg.scenario for e in s.event}
     assert kinds == {"cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl",
-                     "prestage"}
+                     "prestage", "congestion"}
 
 
 # --------------------------------------------------------------------------- the command
@@ -322,7 +323,7 @@ def test_command_writes_every_output_and_prints_the_table(tmp_path):
     table = pl.read_parquet(d / "t.parquet")
     doc = json.loads((d / "s.json").read_text())
     assert table["scenario"].to_list() == [r["scenario"] for r in doc["scenarios"]]
-    assert table["scenario"][0] == "plain" and table.height == 10
+    assert table["scenario"][0] == "plain" and table.height == 11
     assert "prestaging: what the prefetches moved" in res.stdout
     assert table.filter(pl.col("prefetch_requests").is_not_null()).height == 2
     tl = pl.read_csv(d / "tl.csv")
@@ -509,3 +510,42 @@ def test_without_the_baseline_the_scenarios_are_the_same_runs(chat):
     for k in ("ttft_p99_ms", "prefix_token_hit_rate", "prefill_gpu_seconds", "dropped_bytes"):
         assert a[k] == b[k], k
     assert a["extra_prefill_gpu_seconds"] is None and a["recovered_after_s"] is None
+
+
+
+def test_congestion_slows_the_queues_not_the_replay(chat):
+    """A congestion window leaves the tier replay as it is (same hits) and changes only
+    the queues: a share of 1, or a window after the trace, is the plain run; the flash
+    targets at 2 % of their bandwidth make the requests that read flash in the window
+    wait (or recompute)."""
+    system = {"dram": "16GiB", "flash": "2TiB", "nodes": 2}
+    load = {"flash_targets": 2, "flash_pool_gbps": 10, "nic_gbps": 10}
+
+    def run(events):
+        cfg = scenario_from_dict({"system": system, "load": load, "run": {"baseline": False, "bin": "2min"},
+                                  "scenario": [{"name": "x", "event": events}]})
+        return run_scenarios(chat, cfg, model=MODEL, gpu=GPU, response=RESPONSE).table.to_dicts()[0]
+
+    plain = run([])
+    for same in ([{"kind": "congestion", "at": "30%", "duration": "10min", "share": 1.0}],
+                 [{"kind": "congestion", "at": "100h", "duration": "10min", "share": 0.1}]):
+        row = run(same)
+        for k in ("ttft_p50_ms", "ttft_p99_ms", "prefix_token_hit_rate", "restore_share", "wait_p99_flash_ms"):
+            assert row[k] == plain[k], (same, k)
+    slow = run([{"kind": "congestion", "at": "30%", "duration": "10min", "share": 0.02}])
+    assert slow["prefix_token_hit_rate"] == plain["prefix_token_hit_rate"]  # the replay is the same
+    assert (slow["ttft_p99_ms"] > plain["ttft_p99_ms"] or slow["recompute_share"] > plain["recompute_share"])
+    if slow["wait_p99_flash_ms"] is not None and plain["wait_p99_flash_ms"] is not None:
+        assert slow["wait_p99_flash_ms"] >= plain["wait_p99_flash_ms"]
+
+
+def test_congestion_file_errors():
+    base = {"system": {"dram": "1GiB"}, "scenario": [{"name": "x", "event": [
+        {"kind": "congestion", "at": 0, "duration": 5, "resource": "flash"}]}]}
+    cfg = scenario_from_dict(base)
+    trace = small_trace(20, 1)
+    with pytest.raises(Exception, match="needs that tier"):
+        plan_events(trace, cfg, cfg.scenario[0].event, np.zeros(trace.n_requests, dtype=np.int32), 1)
+    with pytest.raises(KvtraceError, match="resource"):
+        scenario_from_dict({**base, "scenario": [{"name": "x", "event": [
+            {"kind": "congestion", "at": 0, "duration": 5, "resource": "gpu"}]}]})

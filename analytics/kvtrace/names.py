@@ -477,7 +477,8 @@ _SCENARIO_TIMELINE = {
 _SCENARIO_EVENTS = {
     "scenario": _SCENARIO["scenario"],
     "event": ("id", "the event's index in its scenario"),
-    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout, ttl or prestage"),
+    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout, ttl, prestage or "
+                     "congestion"),
     "text": ("text", "the event in words"),
     "at_s": ("s", "its time, after the trace's first request"),
     "first_request": ("id", "the first request at or after it (null: after the last)"),

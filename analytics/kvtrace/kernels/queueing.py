@@ -17,7 +17,12 @@ jobs present is served at rate 1/n: virtual time ``V += (now - Vt) / n`` at ever
 of the link; a job arriving at ``V`` with work ``w`` has the tag ``V + w`` and leaves
 when ``V`` reaches it, the smallest tag first, the earliest arrival among equal tags;
 the link's next departure is pushed at ``now + max(0, tag - V) * n`` after every change,
-superseding the previous one). A GPU pool is a FIFO queue and c servers: the jobs
+superseding the previous one). A link may have a *congestion window* ``[c0, c1)`` in
+which it serves at ``x`` times its rate (:meth:`QueueSim.congest`): a FCFS job's finish
+is when the work served since its start, at rate ``x`` inside the window and 1 outside,
+reaches its work; PS virtual time advances by the work served over an interval divided
+by n, and a departure is pushed when the work served reaches ``(tag - V) n``. A GPU
+pool is a FIFO queue and c servers: the jobs
 arrive at the queue's tail; whenever a server is free (lowest-numbered first) and the
 queue is not empty, the server takes the head job and, with a batch budget
 ``batch_tokens > 0``, each following job while the batch's tokens stay ``<=`` the
@@ -38,8 +43,10 @@ rest ``s_rest``, ``k_rest`` and of recomputing the flash part instead ``s_fl``,
    restore would use (host link, local SSD if ``bl > 0``, targets with ``bft[t] > 0``,
    NIC and uplink if ``bf > 0``), ``U_s + w_s``: the work s holds at ``a`` (FCFS:
    ``max(0, free - a)``; PS: the sum of ``max(0, tag - V(a))``) plus the request's
-   work there. Restoring, the GPU work is ``S = s_rest`` (tokens ``k_rest``), else
-   ``s_rest + s_fl`` (``k_rest + k_fl``); without B, ``s_rest``.
+   work there (through a congestion window: the time from ``a`` until s would finish
+   it, FCFS from ``max(a, free)``, PS serving ``U_s + w_s`` from ``a``). Restoring,
+   the GPU work is ``S = s_rest`` (tokens ``k_rest``), else ``s_rest + s_fl``
+   (``k_rest + k_fl``); without B, ``s_rest``.
 2. *DRAM restore* if ``bd > 0``: at ``t1 + dram_fixed`` a job of ``bd`` on the host link.
 3. *Tier restore* if it restores and ``B > 0``: at ``flash_fixed`` after the DRAM
    restore's end (after ``t1`` without one), jobs in this order: host link ``B``;
@@ -93,6 +100,8 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
+from kvtrace.kernels import event_heap
+from kvtrace.kernels.event_heap import pop as _pop, push as _push
 
 # station types (wait histograms, utilisation by resource)
 HOST, NIC, LOCAL_SSD, FLASH, UPLINK, GPU = 0, 1, 2, 3, 4, 5
@@ -129,7 +138,9 @@ PART_ONLY, PART_A, PART_B = 0, 1, 2
 
 # station fields: float
 SF_FREE, SF_V, SF_VT, SF_N, SF_LAST, SF_AREA, SF_BUSY, SF_BUSY_START, SF_JOBS, SF_SOJOURN, SF_WORK = range(11)
-N_SF = 11
+# a link's congestion window: from CW0 to CW1 it serves at CWX times its rate (1: no window)
+SF_CW0, SF_CW1, SF_CWX = 11, 12, 13
+N_SF = 14
 # station fields: int
 SI_HEAD, SI_TAIL, SI_VERSION = range(3)
 N_SI = 3
@@ -144,6 +155,7 @@ N_O = 7
 B_NONE, B_RESTORE, B_RECOMPUTE = range(3)
 
 RUNNING, GROW, OVERLOADED = 0, 1, 2
+assert (C_HEAP, C_SEQ) == (event_heap.SIZE, event_heap.SEQ)  # the heap's counters in ``cnt``
 
 
 @njit(**NJIT)
@@ -151,43 +163,6 @@ def _overlap(a, b, w0, w1):
     lo = a if a > w0 else w0
     hi = b if b < w1 else w1
     return hi - lo if hi > lo else 0.0
-
-
-@njit(**NJIT)
-def _push(ht, hs, hk, ha, hb, hx, cnt, t, kind, a, b, x):
-    i = cnt[C_HEAP]
-    cnt[C_HEAP] = i + 1
-    seq = cnt[C_SEQ]
-    cnt[C_SEQ] = seq + 1
-    while i > 0:
-        p = (i - 1) >> 1
-        if ht[p] < t or (ht[p] == t and hs[p] < seq):
-            break
-        ht[i], hs[i], hk[i], ha[i], hb[i], hx[i] = ht[p], hs[p], hk[p], ha[p], hb[p], hx[p]
-        i = p
-    ht[i], hs[i], hk[i], ha[i], hb[i], hx[i] = t, seq, kind, a, b, x
-
-
-@njit(**NJIT)
-def _pop(ht, hs, hk, ha, hb, hx, cnt):
-    """Remove the root (the caller has read it)."""
-    n = cnt[C_HEAP] - 1
-    cnt[C_HEAP] = n
-    if n == 0:
-        return
-    t, seq, k, a, b, x = ht[n], hs[n], hk[n], ha[n], hb[n], hx[n]
-    i = 0
-    while True:
-        c = 2 * i + 1
-        if c >= n:
-            break
-        if c + 1 < n and (ht[c + 1] < ht[c] or (ht[c + 1] == ht[c] and hs[c + 1] < hs[c])):
-            c += 1
-        if t < ht[c] or (t == ht[c] and seq < hs[c]):
-            break
-        ht[i], hs[i], hk[i], ha[i], hb[i], hx[i] = ht[c], hs[c], hk[c], ha[c], hb[c], hx[c]
-        i = c
-    ht[i], hs[i], hk[i], ha[i], hb[i], hx[i] = t, seq, k, a, b, x
 
 
 @njit(**NJIT)
@@ -218,10 +193,47 @@ def _overload(cnt, out, s, since, now):
 
 
 @njit(**NJIT)
+def _finish_at(sf, s, t, w):
+    """When link s, serving from ``t``, has done ``w`` seconds of work at its full rate
+    (``x`` times that rate in its congestion window ``[CW0, CW1)``)."""
+    x = sf[s, SF_CWX]
+    if x == 1.0:
+        return t + w
+    c0, c1 = sf[s, SF_CW0], sf[s, SF_CW1]
+    if t < c0:
+        cap = c0 - t
+        if w <= cap:
+            return t + w
+        w -= cap
+        t = c0
+    if t < c1:
+        cap = (c1 - t) * x
+        if w <= cap:
+            return t + (w / x if x > 0.0 else 0.0)
+        w -= cap
+        t = c1
+    return t + w
+
+
+@njit(**NJIT)
+def _served(sf, s, t0, t1):
+    """Full-rate work link s serves over ``[t0, t1]``."""
+    d = t1 - t0
+    x = sf[s, SF_CWX]
+    if x == 1.0:
+        return d
+    lo = t0 if t0 > sf[s, SF_CW0] else sf[s, SF_CW0]
+    hi = t1 if t1 < sf[s, SF_CW1] else sf[s, SF_CW1]
+    if hi > lo:
+        d -= (1.0 - x) * (hi - lo)
+    return d
+
+
+@njit(**NJIT)
 def _ps_advance(sf, s, now):
     n = sf[s, SF_N]
     if n > 0:
-        sf[s, SF_V] += (now - sf[s, SF_VT]) / n
+        sf[s, SF_V] += _served(sf, s, sf[s, SF_VT], now) / n
     sf[s, SF_VT] = now
 
 
@@ -239,7 +251,8 @@ def _ps_next(sf, si, jf, ji, s, now, ht, hs, hk, ha, hb, hx, cnt):
         left = jf[best, JTAG] - sf[s, SF_V]
         if left < 0.0:
             left = 0.0
-        _push(ht, hs, hk, ha, hb, hx, cnt, now + left * sf[s, SF_N], EV_PS, s, si[s, SI_VERSION], 0.0)
+        _push(ht, hs, hk, ha, hb, hx, cnt, _finish_at(sf, s, now, left * sf[s, SF_N]), EV_PS, s,
+              si[s, SI_VERSION], 0.0)
 
 
 @njit(**NJIT)
@@ -247,7 +260,7 @@ def _unfinished(sf, si, jf, ji, s, now, ps):
     """Work (seconds) station s holds at ``now``."""
     if ps:
         n = sf[s, SF_N]
-        v = sf[s, SF_V] + ((now - sf[s, SF_VT]) / n if n > 0 else 0.0)
+        v = sf[s, SF_V] + (_served(sf, s, sf[s, SF_VT], now) / n if n > 0 else 0.0)
         u = 0.0
         j = si[s, SI_HEAD]
         while j >= 0:
@@ -258,6 +271,19 @@ def _unfinished(sf, si, jf, ji, s, now, ps):
         return u
     u = sf[s, SF_FREE] - now
     return u if u > 0.0 else 0.0
+
+
+@njit(**NJIT)
+def _predicted(sf, si, jf, ji, s, a, ps, w):
+    """Seconds from ``a`` until link s would finish a job of ``w`` arriving at ``a``: the
+    work it holds, then this job (FCFS: its finish; PS: the held work and this job served
+    back to back, the restore deadline's estimate), through its congestion window."""
+    if sf[s, SF_CWX] == 1.0:
+        return _unfinished(sf, si, jf, ji, s, a, ps) + w
+    if ps:
+        return _finish_at(sf, s, a, _unfinished(sf, si, jf, ji, s, a, True) + w) - a
+    free = sf[s, SF_FREE]
+    return _finish_at(sf, s, free if free > a else a, w) - a
 
 
 @njit(**NJIT)
@@ -299,7 +325,7 @@ def _link_job(s, work, slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji,
         start = now
     else:
         start = free
-    finish = start + work
+    finish = _finish_at(sf, s, start, work)
     sf[s, SF_FREE] = finish
     sf[s, SF_BUSY] += _overlap(start, finish, w0, w1)
     _count(sf, s, now, 1.0, fp)
@@ -625,24 +651,24 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
         restore = True
         if B > 0:
             best = B * fp[FP_CLIENT_S_PER_B]
-            w = _unfinished(sf, si, jf, ji, n, a, ps) + B * inv_b[n]
+            w = _predicted(sf, si, jf, ji, n, a, ps, B * inv_b[n])
             best = w if w > best else best
             if bl > 0:
                 s = 2 * N + n
-                w = _unfinished(sf, si, jf, ji, s, a, ps) + bl * inv_b[s]
+                w = _predicted(sf, si, jf, ji, s, a, ps, bl * inv_b[s])
                 best = w if w > best else best
             if bf > 0:
                 for t in range(T):
                     if bft_[i, t] > 0:
                         s = 3 * N + t
-                        w = _unfinished(sf, si, jf, ji, s, a, ps) + max(bft_[i, t] * inv_b[s], rft_[i, t] * inv_io[s])
+                        w = _predicted(sf, si, jf, ji, s, a, ps, max(bft_[i, t] * inv_b[s], rft_[i, t] * inv_io[s]))
                         best = w if w > best else best
                 s = N + n
-                w = _unfinished(sf, si, jf, ji, s, a, ps) + bf * inv_b[s]
+                w = _predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
                 best = w if w > best else best
                 if ip[IP_UPLINK]:
                     s = 3 * N + T
-                    w = _unfinished(sf, si, jf, ji, s, a, ps) + bf * inv_b[s]
+                    w = _predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
                     best = w if w > best else best
             restore = fp[FP_FLASH_FIXED] + best <= sfl_[i]
         qi[slot, QI_RESTORE] = restore
@@ -721,6 +747,8 @@ class QueueSim:
         self.ttft = np.full(int(n_measured), np.nan, dtype=np.float64)
         self.whist = np.zeros((len(STATION_TYPES), N_WAIT_BINS), dtype=np.int64)
         self.sf = np.zeros((NS, N_SF), dtype=np.float64)
+        self.sf[:, SF_CW0] = self.sf[:, SF_CW1] = math.inf
+        self.sf[:, SF_CWX] = 1.0
         self.si = np.full((NS, N_SI), -1, dtype=np.int64)
         self.si[:, SI_VERSION] = 0
         self.gsrv = np.full((N, max(1, int(gpus))), -1, dtype=np.int64)
@@ -765,6 +793,17 @@ class QueueSim:
         self.job_free = np.concatenate([np.arange(n - 1, old - 1, -1, dtype=np.int64), free,
                                         np.zeros(old - free.shape[0], dtype=np.int64)])
         self.cnt[C_FREE_JOBS] += n - old
+
+    def congest(self, station: int, start: float, end: float, share: float) -> None:
+        """Link ``station`` serves at ``share`` of its rate from ``start`` to ``end``
+        (seconds, the arrivals' clock): its congestion window (one per link)."""
+        if not 0.0 <= share <= 1.0:
+            raise ValueError("a congestion window's share of the rate is in [0, 1]")
+        if station >= self.NL:
+            raise ValueError("only links have congestion windows")
+        self.sf[station, SF_CW0] = float(start)
+        self.sf[station, SF_CW1] = float(end)
+        self.sf[station, SF_CWX] = float(share) if end > start else 1.0
 
     @property
     def overloaded(self) -> bool:

@@ -20,7 +20,7 @@ _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#
 
 #: The side-by-side table: (column, heading, format).
 TABLE = (("scenario", "scenario", "s"), ("ttft_p50_ms", "TTFT p50 ms", "ms"), ("ttft_p99_ms", "TTFT p99 ms", "ms"),
-         ("slo_attainment", "within SLO", "%"), ("goodput_rps", "goodput rps", "f"),
+         ("slo_attainment", "within SLO", "%"), ("overloaded", "overloaded", "yn"), ("goodput_rps", "goodput rps", "f"),
          ("prefix_token_hit_rate", "prefix tokens hit", "%"), ("dram_read_share", "DRAM share", "%"),
          ("local_read_share", "local share", "%"), ("flash_read_share", "flash share", "%"),
          ("flash_read_bytes", "flash read", "B"), ("flash_write_bytes", "flash written", "B"),
@@ -38,6 +38,8 @@ def _fmt(v, kind: str, row: dict | None = None) -> str:
         return "-"
     if kind == "s":
         return str(v)
+    if kind == "yn":
+        return "yes" if v else "-"
     if kind == "%":
         return f"{v:.1%}"
     if kind == "pp":
@@ -69,8 +71,9 @@ def prefetch_rows(table: pl.DataFrame) -> tuple[list[str], list[list[str]]]:
 
 
 #: The columns of :data:`TABLE` the terminal shows.
-TERMINAL = ("scenario", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "prefix_token_hit_rate", "flash_read_share",
-            "recompute_gpu_seconds", "extra_prefill_gpu_seconds", "hit_rate_shortfall", "recovered_after_s", "dropped_bytes")
+TERMINAL = ("scenario", "ttft_p50_ms", "ttft_p99_ms", "slo_attainment", "overloaded", "prefix_token_hit_rate",
+            "flash_read_share", "recompute_gpu_seconds", "extra_prefill_gpu_seconds", "hit_rate_shortfall",
+            "recovered_after_s", "dropped_bytes")
 
 
 def table_rows(table: pl.DataFrame, columns=None) -> tuple[list[str], list[list[str]]]:
@@ -187,4 +190,5 @@ def report_html(result, trace_name: str) -> str:
             + f"\n<script type=\"text/javascript\">\n{embed}\n</script>\n</body></html>\n")
 
 
-__all__ = ["PANELS", "PREFETCH", "TABLE", "TERMINAL", "prefetch_rows", "report_html", "report_markdown", "table_rows", "timeline_chart"]
+__all__ = ["PANELS", "PREFETCH", "TABLE", "TERMINAL", "prefetch_rows", "report_html", "report_markdown", "table_rows",
+           "timeline_chart"]

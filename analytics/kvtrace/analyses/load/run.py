@@ -91,6 +91,13 @@ def station_names(nodes: int, targets: int) -> list[tuple[str, int]]:
             + [("gpu", n) for n in range(nodes)])
 
 
+def link_stations(resource: str, instance: int | None, nodes: int, targets: int) -> list[int]:
+    """The queue simulator's stations of a link resource (one instance: a node, a target)."""
+    first, count = {"host_link": (0, nodes), "nic": (nodes, nodes), "local_ssd": (2 * nodes, nodes),
+                    "flash": (3 * nodes, targets), "uplink": (3 * nodes + targets, 1)}[resource]
+    return [first + i for i in range(count) if instance is None or i == instance]
+
+
 def _present(config: TierConfig, load: LoadModel) -> set:
     """The resource types a configuration's requests can load."""
     out = {"gpu", "host_link"}
@@ -115,9 +122,14 @@ def _wait_p99(hist: np.ndarray) -> float | None:
 
 
 def run_level(demand: Demand, level: LoadLevel, load: LoadModel, response: ResponseModel, *,
-              keep_ttft: bool = False) -> tuple[dict, list[dict], np.ndarray | None]:
+              keep_ttft: bool = False, congestion=()) -> tuple[dict, list[dict], np.ndarray | None]:
     """One load level: the summary row, the per-station rows and (``keep_ttft``) the
-    TTFT of every measured request (NaN if it did not finish: an overloaded run)."""
+    TTFT of every measured request (NaN if it did not finish: an overloaded run).
+
+    ``congestion``: ``(resource, instance or None, from_s, to_s, share)`` windows in which
+    those links serve at ``share`` of their bandwidth (times in the trace's seconds after
+    its first request, compressed by the load factor as the arrivals are;
+    :meth:`kvtrace.kernels.queueing.QueueSim.congest`)."""
     config = demand.config
     k = float(level.factor)
     R = demand.arrival_s.shape[0]
@@ -130,6 +142,9 @@ def run_level(demand: Demand, level: LoadLevel, load: LoadModel, response: Respo
     inv_b, inv_io = _inverse_rates(load, response, nodes)
     sim = Q.QueueSim(nodes, T, load.gpus_per_node, inv_b, inv_io, _fp(load, response, config, w0, w1),
                      ps=load.link_discipline == "ps", uplink=load.uplink_bytes_per_s is not None, n_measured=n_meas)
+    for resource, instance, t0, t1, share in congestion:
+        for s in link_stations(resource, instance, nodes, T):
+            sim.congest(s, t0 / k, t1 / k, share)
     c0 = len(COLUMNS)
     for lo in range(0, R, BATCH):
         hi = min(R, lo + BATCH)
@@ -339,5 +354,6 @@ def headroom(demand: Demand, load: LoadModel, response: ResponseModel, meets, *,
     return lo, lo_row
 
 
-__all__ = ["BATCH", "LoadResult", "RESOURCES", "SATURATED", "headroom", "load_curve", "replay_demand", "run_level",
+__all__ = ["BATCH", "LoadResult", "RESOURCES", "SATURATED", "headroom", "link_stations", "load_curve", "replay_demand",
+           "run_level",
            "station_names", "table_of"]

@@ -177,6 +177,24 @@ class Ttl(_Event):
         return seconds(v)
 
 
+class Congestion(_Event):
+    """From ``at`` for ``duration``, the load model's ``resource`` links (``host_link``,
+    ``nic``, ``local_ssd``, ``flash`` targets or the ``uplink``; one ``instance``, a node
+    or a target, or all of them) serve at ``share`` of their bandwidth (0: stopped).
+    The tiers' contents do not change; the queues do."""
+
+    kind: Literal["congestion"]
+    duration: float
+    resource: Literal["host_link", "nic", "local_ssd", "flash", "uplink"] = "flash"
+    share: float = Field(0.5, ge=0.0, le=1.0)
+    instance: int | None = Field(None, ge=0)
+
+    @field_validator("duration", mode="before")
+    @classmethod
+    def _d(cls, v):
+        return seconds(v)
+
+
 class Prestage(_Event):
     """From ``at`` on, when a session pauses between two turns (the previous turn's end,
     ``turn_time`` after its arrival, before the next turn's arrival), the prefix the next
@@ -208,9 +226,10 @@ class Prestage(_Event):
         return math.inf if isinstance(v, str) and v.strip().lower() in ("inf", "infinity", "none") else v
 
 
-Event = Annotated[Union[ColdStart, Restored, Migration, TargetLoss, CatalogOutage, Rollout, Ttl, Prestage],
-                  Field(discriminator="kind")]
-EVENT_KINDS = ("cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl", "prestage")
+Event = Annotated[Union[ColdStart, Restored, Migration, TargetLoss, CatalogOutage, Rollout, Ttl, Prestage,
+                        Congestion], Field(discriminator="kind")]
+EVENT_KINDS = ("cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl", "prestage",
+               "congestion")
 
 
 class Scenario(_Strict):
@@ -416,5 +435,5 @@ def load_scenario(path: str | Path) -> ScenarioFile:
     return scenario_from_dict(data, str(path))
 
 
-__all__ = ["CatalogOutage", "ColdStart", "EVENT_KINDS", "Migration", "Prestage", "Restored", "Rollout", "Scenario",
-           "ScenarioFile", "TargetLoss", "Ttl", "load_scenario", "scenario_from_dict", "seconds"]
+__all__ = ["CatalogOutage", "ColdStart", "Congestion", "EVENT_KINDS", "Migration", "Prestage", "Restored", "Rollout",
+           "Scenario", "ScenarioFile", "TargetLoss", "Ttl", "load_scenario", "scenario_from_dict", "seconds"]

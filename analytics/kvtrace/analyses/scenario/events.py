@@ -11,7 +11,9 @@ states the semantics.
   ``target-loss``, ``ttl`` sweeps, ``rollout`` retirement steps, and ``catalog-outage``
   (the shared flash list set aside with its capacity at 0, then put back as it was);
 - ``prestage``: the turns to prefetch for and when (:class:`PrestagePlan`); the replay
-  (:mod:`kvtrace.analyses.scenario.run`) feeds the prefetches.
+  (:mod:`kvtrace.analyses.scenario.run`) feeds the prefetches;
+- ``congestion``: windows of the load model's links (:attr:`EventPlan.congestion`), the
+  replay unchanged.
 
 An event whose time is after the last request never acts.
 """
@@ -19,13 +21,13 @@ An event whose time is after the last request never acts.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from kvtrace.analyses.engine import service_times, trace_service_times
-from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Migration, Prestage, Restored, Rollout,
-                                              ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Restored,
+                                              Rollout, ScenarioFile, TargetLoss, Ttl)
 from kvtrace.errors import UsageError
 from kvtrace.kernels import scenario_ops as ops
 from kvtrace.kernels.tier_table import LIST0
@@ -76,6 +78,7 @@ class EventPlan:
     event_times: list[float]  # each event's time, seconds after the first request (inf: never)
     event_first: list[int | None]  # each event's first request at or after its time (None: after the last)
     prestage: "PrestagePlan | None" = None
+    congestion: list = field(default_factory=list)  # (resource, instance or None, from, to, share): queue windows
 
 
 @dataclass
@@ -133,6 +136,7 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
     node = node.copy()
     moved = None
     prestage = None
+    congestion: list = []
     actions: list[Action] = []
     times = []
     seq = 0
@@ -184,6 +188,15 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             sel = np.zeros(R, dtype=bool)
             sel[r:] = coin[r:] < ev.share
             node[sel] = (node[sel] + 1) % sysc.nodes
+        elif isinstance(ev, Congestion):
+            if ev.resource == "local_ssd" and sysc.local_ssd == 0 or ev.resource == "flash" and not has_flash:
+                raise UsageError(f"a congestion of {ev.resource} needs that tier in [system]",
+                                 field="scenario.event.resource")
+            limit = targets if ev.resource == "flash" else (1 if ev.resource == "uplink" else sysc.nodes)
+            if ev.instance is not None and ev.instance >= limit:
+                raise UsageError(f"instance {ev.instance} of {limit} {ev.resource} link(s): expected 0..{limit - 1}",
+                                 field="scenario.event.instance")
+            congestion.append((ev.resource, ev.instance, t, t + ev.duration, ev.share))
         elif isinstance(ev, Prestage):
             if prestage is not None:
                 raise UsageError("one prestage event per scenario", field="scenario.event.kind")
@@ -230,7 +243,7 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             raise AssertionError(ev)
     actions.sort(key=lambda a: (a.request, a.time_s, a.order))
     first = [at_request(t) for t in times]
-    return EventPlan(node, moved, actions, times, [r if r < R else None for r in first], prestage)
+    return EventPlan(node, moved, actions, times, [r if r < R else None for r in first], prestage, congestion)
 
 
 class Editor:

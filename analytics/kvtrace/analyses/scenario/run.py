@@ -22,8 +22,8 @@ from kvtrace.analyses.curves import parse_warmup, warmup_first_request
 from kvtrace.analyses.load import LoadLevel, run_level
 from kvtrace.analyses.load.demand import D_BD, D_BF, D_BL, D_SREST, D_WF, D_WL, Demand
 from kvtrace.analyses.response import ResponseModel
-from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Migration, Prestage, Restored, Rollout,
-                                              ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Restored,
+                                              Rollout, ScenarioFile, TargetLoss, Ttl)
 from kvtrace.analyses.scenario.events import BASELINE, Action, Editor, EventPlan, plan_events
 from kvtrace.analyses.whatif.config import PROMOTIONS, route
 from kvtrace.analyses.whatif.simulate import tier_rules
@@ -409,7 +409,8 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
 
         out = replay(trace, cfg, plan, model=model, response=response, load=load, first=first, progress=prog)
         try:
-            row, _, ttft_m = run_level(out.demand, level, load, response, keep_ttft=True)
+            row, _, ttft_m = run_level(out.demand, level, load, response, keep_ttft=True,
+                                       congestion=plan.congestion)
         finally:
             out.demand.close()
         ttft = np.full(R, np.nan)
@@ -505,6 +506,9 @@ def _event_text(e) -> str:
         lead = "at the previous turn's end" if e.lead == math.inf else f"{e.lead:g}s ahead"
         bw = "" if e.gbps == math.inf else f" at {e.gbps:g} GB/s"
         return f"prestage ({e.predictor}) {lead}{bw} from {at}"
+    if isinstance(e, Congestion):
+        which = "every" if e.instance is None else f"#{e.instance}"
+        return f"{e.resource} ({which}) at {e.share:.0%} of its bandwidth for {e.duration:g}s from {at}"
     if isinstance(e, Ttl):
         parts = [f"{t} {v:g}s" for t, v in (("DRAM", e.dram), ("local SSD", e.local_ssd),
                                              ("flash", e.shared_flash)) if v != math.inf]
