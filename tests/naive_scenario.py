@@ -244,14 +244,15 @@ def turn_times(expr: str, inp: list, out: list) -> list[float]:
             for i, o in zip(inp, out)]
 
 
-def run_prestage(block, size, req_start, tokens, pos, ts, node, pred, dur, *, nodes, at, predictor, lead, record,
-                 flash_lru=True, **kw):
-    """The twin of a scenario with one ``prestage`` event (unlimited bandwidth): the
-    prefetches' planned times and turns, their block lists (the predicted turn's blocks
-    up to the first found in none of the target node's tiers) computed on the twin's own
-    tiers and checked equal to ``record`` (the compiled run's), the trace replayed with
-    those prefetches as requests; the real accesses' decisions, the counters and the
-    prefetch figures (tokens) in a dict."""
+def run_prestage(block, size, req_start, tokens, pos, ts, node, pred, dur, *, nodes, at, predictor, lead,
+                 flash_lru=True, first_measured=0, **kw):
+    """The twin of a scenario with one ``prestage`` event (no bandwidth limit): it plans
+    the prefetches itself (predecessors, turn times, issue times, the request each is
+    fed before), feeds before that request, in issue order, a probe of the turn's blocks
+    and a fetch of the predicted ones (``naive_tiers``' request kinds 1 and 2: the fetch
+    touches the leading run some tier of the node holds), and recomputes the figures
+    from the decisions. Returns the real accesses' decisions, the counters and the
+    figures (tokens)."""
     R = len(req_start) - 1
     rel = [t - ts[0] for t in ts]
     plan = []
@@ -263,97 +264,65 @@ def run_prestage(block, size, req_start, tokens, pos, ts, node, pred, dur, *, no
         if at <= issue < rel[j]:
             plan.append((issue, j, p))
     plan.sort(key=lambda x: x[0])  # stable: ties keep request order
-    at_req = [first_at(rel, x[0]) for x in plan]
-    # the augmented sequence: record's prefetches before their real request
-    rec_at: dict[int, list] = {}
-    for syn in record:
-        rec_at.setdefault(syn.before, []).append(syn)
-    aug = []  # (kind, payload): ("real", r) or ("pf", syn)
+    by_req: dict[int, list] = {}
+    for issue, j, p in plan:
+        by_req.setdefault(first_at(rel, issue), []).append((issue, j, p))
+    seq = []  # (kind, source request, turn, time, measured)
     for r in range(R):
-        aug += [("pf", syn) for syn in rec_at.get(r, [])]
-        aug.append(("real", r))
-    a_block, a_tokens, a_pos, a_start, a_ts, a_node = [], [], [], [0], [], []
-    for kind, x in aug:
-        if kind == "real":
-            lo, hi = req_start[x], req_start[x + 1]
-            a_block += [int(b) for b in block[lo:hi]]
-            a_tokens += [int(t) for t in tokens[lo:hi]]
-            a_pos += [int(p) for p in pos[lo:hi]]
-            a_ts.append(float(ts[x]))
-            a_node.append(int(node[x]))
-        else:
-            a_block += [int(b) for b in x.blocks]
-            a_tokens += [int(t) for t in x.tokens]
-            a_pos += [int(p) for p in x.pos]
-            a_ts.append(float(ts[0]) + x.time_s)
-            a_node.append(int(x.node))
+        for issue, j, p in by_req.get(r, []):
+            m = r > first_measured
+            seq.append((1, j, j, issue, m))
+            seq.append((2, j if predictor == "oracle" else p, j, issue, m))
+        seq.append((0, r, r, rel[r], r >= first_measured))
+    a_block, a_tokens, a_pos, a_start, a_ts, a_node, kinds = [], [], [], [0], [], [], []
+    for kind, src, j, t, _ in seq:
+        lo, hi = req_start[src], req_start[src + 1]
+        a_block += [int(b) for b in block[lo:hi]]
+        a_tokens += [int(x) for x in tokens[lo:hi]]
+        a_pos += [int(x) for x in pos[lo:hi]]
         a_start.append(len(a_block))
-    k_next = [0]
-    absent: dict[int, set] = {}
-
-    def expected(k, drams, locals_, shared):
-        issue, j, p = plan[k]
-        src = j if predictor == "oracle" else p
-        n = node[j]
-        tiers = [drams[n]] + ([locals_[n]] if locals_ else []) + ([shared] if shared is not None else [])
-        lst = []
-        for b in block[req_start[src]:req_start[src + 1]]:
-            if not any(int(b) in t for t in tiers):
-                break
-            lst.append(int(b))
-        jb = [int(b) for b in block[req_start[j]:req_start[j + 1]]]
-        return lst, {b for b in jb if b not in drams[n]}
-
-    def before(ar, drams, locals_, shared, shift):
-        kind, x = aug[ar]
-        r = x if kind == "real" else x.before
-        while k_next[0] < len(plan) and at_req[k_next[0]] <= r:
-            k = k_next[0]
-            lst, miss = expected(k, drams, locals_, shared)
-            if kind == "pf" and lst:
-                assert lst == [int(b) for b in x.blocks] and x.target == plan[k][1], (lst, x)
-                assert x.time_s == plan[k][0]
-                absent[plan[k][1]] = miss
-                k_next[0] += 1
-                return
-            assert not lst, ("a prefetch the compiled run did not make", plan[k], lst)
-            absent[plan[k][1]] = miss
-            k_next[0] += 1
-        assert kind == "real", ("a prefetch the twin did not plan", x)
-
+        a_ts.append(float(ts[j]) if kind == 0 else float(ts[0]) + t)
+        a_node.append(int(node[j]))
+        kinds.append(kind)
+    first_slot = next(i for i, x in enumerate(seq) if x[0] == 0 and x[1] == first_measured) if R else 0
     out = twin.simulate_tiers(a_block, list(size), a_start, a_tokens, a_pos, a_ts, a_node, n_nodes=nodes,
-                              flash_lru=flash_lru, before=before, **kw)
-    assert k_next[0] == sum(1 for r in at_req if r < R)
-    # the figures: a block moved by a prefetch is useful iff its next access reads it from DRAM
+                              flash_lru=flash_lru, req_kind=kinds, first_measured=first_slot, **kw)
     dec = out["decision"]
     moved: dict[int, float] = {}
+    absent: dict[int, set] = {}
     fig = dict.fromkeys(("prefetch_requests", "moved_tokens", "useful_tokens", "needed_tokens", "covered_tokens",
-                         "held_token_seconds"), 0.0)
+                         "held_token_seconds", "displaced_tokens"), 0.0)
     real_dec = []
-    for ar, (kind, x) in enumerate(aug):
-        lo, hi = a_start[ar], a_start[ar + 1]
-        if kind == "pf":
-            fig["prefetch_requests"] += 1
-            for t in range(lo, hi):
-                if dec[t] in (LOCAL, FLASH):
-                    moved[a_block[t]] = x.time_s
-                    fig["moved_tokens"] += size[a_block[t]]
+    for i, (kind, src, j, t, meas) in enumerate(seq):
+        lo, hi = a_start[i], a_start[i + 1]
+        if kind == 1:
+            if meas:
+                absent[j] = {x - lo for x in range(lo, hi) if dec[x] != DRAM}
+            continue
+        if kind == 2:
+            if meas:
+                fig["prefetch_requests"] += 1
+                fig["displaced_tokens"] += out["req_out"][i][0]
+                for x in range(lo, hi):
+                    if dec[x] in (LOCAL, FLASH):
+                        moved[a_block[x]] = t
+                        fig["moved_tokens"] += size[a_block[x]]
             continue
         usable = True
-        for t in range(lo, hi):
-            b = a_block[t]
-            real_dec.append(dec[t])
-            if dec[t] == MISS:
+        for x in range(lo, hi):
+            b = a_block[x]
+            real_dec.append(dec[x])
+            if dec[x] == MISS:
                 usable = False
             was = b in moved
             if was:
                 landed = moved.pop(b)
-                if dec[t] == DRAM:
+                if dec[x] == DRAM and meas:
                     fig["useful_tokens"] += size[b]
-                    fig["held_token_seconds"] += size[b] * (rel[x] - landed)
-            if usable and b in absent.get(x, ()):
+                    fig["held_token_seconds"] += size[b] * (t - landed)
+            if usable and meas and (x - lo) in absent.get(j, ()):
                 fig["needed_tokens"] += size[b]
-                if was and dec[t] == DRAM:
+                if was and dec[x] == DRAM:
                     fig["covered_tokens"] += size[b]
     out["real_decision"] = real_dec
     out["figures"] = fig

@@ -119,13 +119,17 @@ class Tier:
 def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, block_tokens, prefix_aware,
                    dram, local, flash, n_nodes, policy="all", param=0.0, flash_lru=True, promotion="promote",
                    write_through=False, first_measured=0, req_group=None, n_groups=1, values=None,
-                   oracle_ok=None, sketch_width=16, rules=0, before=None):
+                   oracle_ok=None, sketch_width=16, rules=0, before=None, req_kind=None):
     """Replay the trace through DRAM / local SSD / shared flash tiers.
 
     Same arguments as :func:`kvtrace.kernels.tiers.simulate_tiers`, except that
     ``policy`` and ``promotion`` are names (:data:`POLICIES`, :data:`PROMOTIONS`), and
     ``before(r, drams, locals, shared, shift)``, if given, is called before each request
     r with the tiers (``locals``/``shared`` None when absent) and the time shift.
+    ``req_kind`` (per request, 0 by default): 1 = a probe (each access's decision
+    recorded against the tiers as they are; nothing else happens), 2 = a fetch (only its
+    leading accesses that a tier of its node holds exist: touched as a request's, never
+    measured; its row holds the DRAM tokens it evicted).
 
     Returns
     -------
@@ -166,11 +170,14 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     decision = [MISS] * len(block)
     since = [-1] * len(block)
     unseen = [bool(rules & 2) and tokens[t] != block_tokens for t in range(len(block))]
+    kinds = [0] * (len(starts) - 1) if req_kind is None else [int(k) for k in req_kind]
     capped = [False] * len(block)
     if rules & 1:
         for r in range(len(starts) - 1):
-            if starts[r + 1] > starts[r]:
+            if starts[r + 1] > starts[r] and kinds[r] == 0:
                 capped[starts[r + 1] - 1] = True
+    evicted_dram = [0] * (len(starts) - 1)  # a fetch's row: the DRAM tokens its inserts evicted
+    ends = list(starts[1:])  # a fetch's end: its leading blocks some tier of its node holds
     cold = [False] * len(block)
 
     def estimate(b: int) -> int:
@@ -252,7 +259,29 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
         current = r
         lo, hi = starts[r], starts[r + 1]
         n, now, now_q = node[r], ts[r], tq[r]
-        meas = r >= first_measured
+        meas = r >= first_measured and kinds[r] == 0
+        if kinds[r]:
+            tiers_n = [drams[n]] + ([locals_[n]] if locals_ is not None else []) + \
+                ([shared] if shared is not None else [])
+
+            def where(t):
+                if unseen[t]:
+                    return MISS
+                for d, tier in zip((DRAM, LOCAL if locals_ is not None else FLASH, FLASH), tiers_n):
+                    if block[t] in tier:
+                        return d
+                return MISS
+
+            if kinds[r] == 1:  # a probe
+                for t in range(lo, hi):
+                    decision[t] = where(t)
+                continue
+            k = lo
+            while k < hi and where(k) != MISS:
+                k += 1
+            hi = ends[r] = k
+            if rules & 1 and hi > lo:
+                capped[hi - 1] = True
         touch_groups = [(lo, hi)] if prefix_aware else [(t, t + 1) for t in range(lo, hi)]
         for a, z in touch_groups:
             stamp = a
@@ -349,6 +378,7 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
                     write_below_dram(n, b, now, now_q, meas)
                 while D.used > D.capacity:
                     v = evict(D, 0, now_q, meas)
+                    evicted_dram[r] += size[v]
                     if not write_through:
                         write_below_dram(n, v, now, now_q, meas)
 
@@ -371,6 +401,10 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     for r in range(len(starts) - 1):
         lo, hi = starts[r], starts[r + 1]
         meas = r >= first_measured
+        if kinds[r]:  # a probe or a fetch: not accounted
+            req_level.append(MISS)
+            req_out.append((evicted_dram[r],) + (0,) * 14)
+            continue
         usable, reusable, level = True, True, 0
         src = [0, 0, 0]
         fl_tok = fl_q = miss_tok = miss_q = 0

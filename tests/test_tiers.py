@@ -748,3 +748,30 @@ def test_cold_access_convention_matches_the_stack_kernel():
         run = _sim(tr, prefix_aware, 4, 0)
         dist = stack_distances(tr.block, tr.size, tr.req_start, prefix_aware)[0]
         npt.assert_array_equal(run.cold, dist == COLD)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(sim_inputs(rules=True), st.data())
+def test_probe_and_fetch_requests_equal_twin(case, data):
+    """A scenario's probes (decisions only) and fetches (the leading blocks some tier of
+    the node holds, touched, never measured; the row: DRAM tokens evicted), mixed with
+    real requests: kernel = twin, access by access."""
+    args, kw, policy, promotion = case
+    if policy == "oracle":
+        return
+    R = len(args[2]) - 1
+    kinds = np.array(data.draw(st.lists(st.sampled_from([0, 0, 1, 2]), min_size=R, max_size=R)), dtype=np.int8)
+    kinds = kinds.reshape(R)
+    kw = {k: v for k, v in kw.items() if k not in ("values",)} if policy != "value" else kw
+    sim = K.TierSimulator(args[1], args[5], args[6], block_tokens=kw["block_tokens"], prefix_aware=kw["prefix_aware"],
+                          dram=kw["dram"], local=kw["local"], flash=kw["flash"], n_nodes=kw["n_nodes"],
+                          policy=POLICY_CODES[policy], param=kw["param"], flash_lru=kw["flash_lru"],
+                          promotion=PROMOTION_CODES[promotion], write_through=kw["write_through"],
+                          first_measured=kw["first_measured"], req_group=kw["req_group"], n_groups=kw["n_groups"],
+                          has_values=kw.get("values") is not None, sketch_width=kw["sketch_width"],
+                          rules=kw.get("rules", 0))
+    sim.req_kind[:] = kinds
+    decision = sim.feed(args[0], args[3], args[4], args[2], kw.get("values"))
+    got = sim.finish(decision & 3, (decision & K.COLD_FLAG) != 0)
+    want = twin.simulate_tiers(*args, **kw, policy=policy, promotion=promotion, req_kind=kinds.tolist())
+    assert_runs_equal(got, want)

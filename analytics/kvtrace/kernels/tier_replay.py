@@ -26,6 +26,7 @@ from kvtrace.kernels.tier_table import (
     R_PRE_Q, R_PRE_TOK, R_READS, R_SRC, R_TOTAL_Q, R_TOTAL_TOK, R_WRITES, S_ACC, S_PREFIX, S_TOTAL, S_VALUE_BOUND,
     S_VALUE_CAPTURED, COUNT, FIRST_REQ, HEAD, HIST_LAST, INFO, INS, LIST0, INFO_ORACLE, PREV, RLAST, INFO_SIZE,
     STAT, TCH, admit_offer, time_bin, evict_lru, link_before, link_mru, prefetch_ahead, sketch_add, unlink_row,
+    N_REQ_COLS, REQ_FETCH, REQ_PROBE, REQ_REAL,
 )
 
 # --------------------------------------------------------------------------- kernel
@@ -34,7 +35,7 @@ from kvtrace.kernels.tier_table import (
 _KERNEL_POLICY = -1
 
 
-def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_group, values,
+def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_group, req_kind, values,
               oracle_ok, ip, fp, cap, st, used, gstat, last_val, sketch, sk_ops,
               decision, req_level, req_out, out_base, cnt, sums, hist):
     """Replay a chunk of whole requests: a forward pass over each touch group decides,
@@ -50,7 +51,15 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
     the decision of its first occurrence, so every decision still sees the tiers as
     the group found them. In-place flash reads (LRU) are linked, in forward order, just
     behind the group's previous read in that list: the order tail-first linking at the
-    most-recent end gives."""
+    most-recent end gives.
+
+    ``req_kind`` (the whole trace's, per request) marks the requests a scenario adds
+    (:mod:`kvtrace.analyses.scenario`): a *probe* (``REQ_PROBE``) only records each
+    access's decision (the tiers as it finds them; nothing changes, nothing is
+    counted); a *fetch* (``REQ_FETCH``, a prefetch) is the leading run of its blocks
+    that a tier of its node holds (it stops at the first it finds nowhere), touched as a
+    request's are but never measured, its row holding the DRAM tokens its inserts
+    evicted (``R_SRC``) instead of the accounting columns."""
     n_req = req_start.shape[0] - 1
     N = ip[I_NODES]
     has_local = ip[I_HAS_LOCAL] != 0
@@ -99,6 +108,34 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         now = req_ts[rg]
         nq = req_tq[rg]
         meas = rg >= first_measured
+        kind = req_kind[rg]
+        if kind != REQ_REAL:
+            # probe or fetch: the leading blocks a tier of the node holds (a probe: all, decided)
+            k = lo
+            while k < hi:
+                b = block[k]
+                if full_only and tokens[k] != Bi:
+                    d = MISS
+                elif st[b, D, PREV] != ABSENT:
+                    d = DRAM
+                elif has_local and st[b, Lc, PREV] != ABSENT:
+                    d = LOCAL
+                elif has_flash and st[b, F, PREV] != ABSENT:
+                    d = FLASH
+                else:
+                    d = MISS
+                if kind == REQ_PROBE:
+                    decision[k] = d
+                elif d == MISS:
+                    break
+                k += 1
+            if kind == REQ_PROBE:
+                req_level[rg] = MISS
+                for c in range(N_REQ_COLS):
+                    req_out[c, rg - out_base] = 0.0
+                continue
+            hi = k
+            meas = False
         # the request's usable / reusable prefix (accounting)
         usable = True
         reusable = True
@@ -123,6 +160,7 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
         p_size = 0.0
         p_q = 0.0
         cap_d = -1  # the decision of a capped last block (touched as decided, accounted a miss)
+        evicted_d = 0  # DRAM tokens evicted by the request's inserts
         n_touch_groups = 1 if prefix_aware else hi - lo
         for k in range(n_touch_groups):
             if prefix_aware:
@@ -344,8 +382,15 @@ def _simulate(block, tokens, pos, req_start, r0, req_ts, req_tq, req_node, req_g
                     if used[D] <= cap[D]:
                         break
                     w = evict_lru(D, 0, nq, shift, meas, st, used, cnt, hist, sketch, use_sketch)
+                    evicted_d += st[w, INFO, INFO_SIZE]
                     if not write_through:
                         cand = w
+        if kind == REQ_FETCH:
+            for c in range(N_REQ_COLS):
+                req_out[c, rg - out_base] = 0.0
+            req_out[R_SRC, rg - out_base] = evicted_d
+            req_level[rg] = MISS
+            continue
         # ---- the request's totals
         if meas:
             pre[level, 0] += p_n

@@ -106,6 +106,9 @@ REQUEST_COLUMNS = ("src_dram_size", "src_local_size", "src_flash_size", "flash_t
 R_SRC, R_FL_TOK, R_FL_Q, R_MISS_TOK, R_MISS_Q = 0, 3, 4, 5, 6
 R_TOTAL_TOK, R_TOTAL_Q, R_PRE_TOK, R_PRE_Q, R_READS, R_WRITES = 7, 8, 9, 10, 11, 13
 N_REQ_COLS = len(REQUEST_COLUMNS)
+#: Request kinds (``req_kind``): a trace's request, a scenario's probe and fetch
+#: (:func:`kvtrace.kernels.tier_replay._simulate` states what each does).
+REQ_REAL, REQ_PROBE, REQ_FETCH = 0, 1, 2
 
 HIST_TIERS = ("dram", "local", "flash")
 HIST_METRICS = ("lifetime_s", "idle_before_eviction_s", "reuse_gap_s")

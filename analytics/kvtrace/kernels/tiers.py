@@ -332,6 +332,8 @@ class TierSimulator:
         self.cap = cap
         self.used = np.zeros(LIST0 + n_lists, dtype=np.int64)
         self.req_node = np.ascontiguousarray(req_node, dtype=np.int32)
+        # the kind of each request (REQ_REAL; a scenario's probes and fetches: tier_replay._simulate)
+        self.req_kind = np.zeros(n_req, dtype=np.int8)
         self.next_request = 0  # the next chunk starts here
 
     def _columns(self, n: int) -> np.ndarray:
@@ -387,7 +389,7 @@ class TierSimulator:
         if k > 0:
             SIMULATE[int(self.ip[I_POLICY])](
                       block, _ints(tokens), _ints(pos), req_start, r0, self.req_ts, self.req_tq, self.req_node,
-                      self.req_group, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
+                      self.req_group, self.req_kind, values, oracle_ok, self.ip, self.fp, self.cap, self.st, self.used,
                       self.gstat, self.last_val, self.sketch, self.sk_ops, decision, self.req_level, out, out_base,
                       self.cnt, self.sums, self.hist)
             nonempty = req_start[1:] > req_start[:-1]

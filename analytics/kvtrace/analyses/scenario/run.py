@@ -24,6 +24,7 @@ from kvtrace.analyses.load.demand import D_BD, D_BF, D_BL, D_SREST, D_WF, D_WL, 
 from kvtrace.analyses.response import ResponseModel
 from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Restored,
                                               Rollout, ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario import prestage as P
 from kvtrace.analyses.scenario.events import BASELINE, Action, Editor, EventPlan, plan_events
 from kvtrace.analyses.whatif.config import PROMOTIONS, route
 from kvtrace.analyses.whatif.simulate import tier_rules
@@ -32,8 +33,8 @@ from kvtrace.kernels import tiers as K
 from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
                                           PF_REQUESTS, PF_USEFUL, account_prefetch, account_requests, mark_absent,
                                           present_prefix)
-from kvtrace.kernels.tier_table import ABSENT, C_EVICT_TOK, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, \
-    R_TOTAL_TOK
+from kvtrace.kernels.tier_table import (ABSENT, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, R_SRC,
+                                        R_TOTAL_TOK, REQ_FETCH, REQ_REAL)
 from kvtrace.model import GpuSpec, ModelSpec
 from kvtrace.trace.source import AccessChunk
 
@@ -116,7 +117,8 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     ts = np.asarray(trace.request_timestamp, dtype=np.float64)
     rel = ts - ts[0] if R else ts
     pre = plan.prestage
-    slots = _Slots(ts, plan.node, 0 if pre is None else len(pre.targets))
+    # a prefetch takes one slot (two fed in bulk: its probe and its fetch)
+    slots = _Slots(ts, plan.node, 0 if pre is None else len(pre.targets) * (2 if pre.gbps == math.inf else 1))
     total_slots = slots.req_ts.shape[0]
     sim = K.TierSimulator(size, slots.req_ts, slots.req_node, block_tokens=trace.meta.block_tokens,
                           prefix_aware=sysc.eviction == "prefix-aware", dram=caps[0], local=caps[1], flash=caps[2],
@@ -134,9 +136,13 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     tot = np.zeros(R, dtype=np.float64)
     rec = np.zeros(R, dtype=np.float64)
     tps = load.prefill_tokens_per_s
+    bulk = None
+    if pre is not None and pre.gbps == math.inf:  # no bandwidth limit: the prefetches fed with the pieces
+        bulk = P.Bulk(trace, plan, rel, moved, M)
     heap: list = []
     for a in plan.actions:
-        _heap_push(heap, a)
+        if bulk is None or a.kind != "pf_issue":
+            _heap_push(heap, a)
     pf = np.zeros(N_PF, dtype=np.float64)
     pf_moved = np.zeros(size.shape[0] if pre is not None else 0, dtype=np.int8)
     pf_landed = np.zeros(pf_moved.shape[0], dtype=np.float64)
@@ -144,7 +150,51 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     busy = [-math.inf]  # the prefetch transfers' queue: when the last one ends (seconds after the first request)
     seq = [len(plan.actions)]
 
+    def feed_bulk(ch, r_lo: int, r_hi: int) -> None:
+        start, length, shift, kind, who, time, meas = bulk.segments(r_lo, r_hi, rel, first)
+        n_acc = int(length.sum())
+        ns = start.shape[0]
+        ab = np.empty(n_acc, dtype=np.int64)
+        at = np.empty(n_acc, dtype=np.int32)
+        ap = np.empty(n_acc, dtype=np.int32)
+        alrs = np.empty(ns + 1, dtype=np.int64)
+        acc = trace.accesses
+        P.gather(start, length, shift, acc.block, acc.tokens, acc.pos, ab, at, ap, alrs)
+        slot = sim.next_request
+        real = kind == REQ_REAL
+        sim.req_ts[slot:slot + ns] = np.where(real, ts[who], slots.t0 + time)
+        sim.req_tq[slot:slot + ns] = np.where(real, real_tq[who], P.quanta(slots.t0 + time, slots.t0, sim.shift))
+        sim.req_node[slot:slot + ns] = plan.node[who]
+        sim.req_kind[slot:slot + ns] = kind
+        if r_lo <= first < r_hi:
+            sim.ip[K.I_FIRST_MEASURED] = slot + int(np.nonzero(real & (who == first))[0][0])
+        decision = sim.feed(ab, at, ap, alrs)
+        q = sim.chunk_out
+        P.account(ab, decision, alrs, kind, who, time, meas, start, size, q, pf_moved, pf_landed, pf_absent, pf)
+        mask = np.repeat(real, length)
+        i0, i1 = r_lo - ch.r, r_hi - ch.r
+        lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
+        lrs = ch.lrs[i0:i1 + 1] - lo
+        piece = AccessChunk(r_lo, r_hi, ch.lo + lo, ch.lo + hi, ab[mask], ch.tokens[lo:hi], ch.pos[lo:hi], lrs)
+        outputs(piece, decision[mask], q[real])
+
+    def outputs(piece, decision, q) -> None:
+        """A piece's real requests: their decisions and rows into the outputs."""
+        r_lo, r_hi = piece.r, piece.r_end
+        if decisions is not None:
+            decisions[piece.lo:piece.hi] = decision
+        demand.add(piece, decision, q, plan.node)
+        pre_tok[r_lo:r_hi] = q[:, R_PRE_TOK]
+        tot[r_lo:r_hi] = q[:, R_TOTAL_TOK]
+        if tps is None:
+            rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
+        else:
+            rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+
     def feed_real(ch, r_lo: int, r_hi: int) -> None:
+        if bulk is not None:
+            feed_bulk(ch, r_lo, r_hi)
+            return
         slot = sim.next_request
         n = r_hi - r_lo
         sim.req_ts[slot:slot + n] = ts[r_lo:r_hi]
@@ -161,16 +211,8 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         lrs = ch.lrs[i0:i1 + 1] - lo
         piece = AccessChunk(r_lo, r_hi, ch.lo + lo, ch.lo + hi, block, ch.tokens[lo:hi], ch.pos[lo:hi], lrs)
         decision = sim.feed(block, piece.tokens, piece.pos, lrs)
-        if decisions is not None:
-            decisions[piece.lo:piece.hi] = decision
         q = sim.chunk_out
-        demand.add(piece, decision, q, plan.node)
-        pre_tok[r_lo:r_hi] = q[:, R_PRE_TOK]
-        tot[r_lo:r_hi] = q[:, R_TOTAL_TOK]
-        if tps is None:
-            rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
-        else:
-            rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+        outputs(piece, decision, q)
         if pre is not None:
             account_requests(np.ascontiguousarray(block, dtype=np.int64), decision, lrs, r_lo, rel, size, pf_moved,
                               pf_landed, pf_absent[piece.lo:piece.hi], pf, first)
@@ -186,12 +228,12 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         sim.req_ts[slot] = slots.t0 + syn.time_s
         sim.req_tq[slot] = slots.quantum_q(sim, slots.t0 + syn.time_s)
         sim.req_node[slot] = syn.node
+        sim.req_kind[slot] = REQ_FETCH
         measured = slot >= sim.ip[K.I_FIRST_MEASURED]
-        ev0 = int(sim.cnt[C_EVICT_TOK])
         decision = sim.feed(syn.blocks, syn.tokens, syn.pos, np.array([0, syn.blocks.shape[0]], dtype=np.int64))
         if measured:
             account_prefetch(syn.blocks, decision, size, syn.time_s, pf_moved, pf_landed, pf)
-            pf[PF_DISPLACED] += int(sim.cnt[C_EVICT_TOK]) - ev0
+            pf[PF_DISPLACED] += sim.chunk_out[0, R_SRC]
         if record is not None:
             record.append(syn)
 
