@@ -40,6 +40,7 @@ bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py --keep
 	$(BIN)/python benchmarks/curve.py --keep
 	$(BIN)/python benchmarks/engine.py --keep
+	$(BIN)/python benchmarks/scenario.py --keep
 	$(BIN)/python benchmarks/whatif.py --keep
 	$(BIN)/python benchmarks/load.py --keep
 	$(BIN)/python benchmarks/hashing.py

@@ -25,8 +25,8 @@ Every operation is O(entries dropped), but :func:`drop_target` and
 
 Prestaging (a prefetch is replayed as a request of the tier simulator): which leading
 blocks of a predicted list a node's tiers hold (:func:`present_prefix`), and the
-prefetch figures (:func:`account_prefetch`, :func:`account_requests`): a block moved
-into DRAM by a prefetch is useful iff its next access reads it from DRAM.
+prefetch figures (:func:`land`, :func:`read`): a block moved into DRAM by a prefetch is
+useful iff its next access reads it from DRAM.
 """
 
 from __future__ import annotations
@@ -153,11 +153,11 @@ def mark_absent(st, block, Xd, mark):
 
 
 @njit(**NJIT)
-def account_prefetch(block, decision, size, now, moved, landed, pf):
-    """A prefetch's accesses: those decided in a flash tier moved into DRAM (``moved[b] =
-    1``, ``landed[b] = now``)."""
+def land(block, decision, lo, hi, now, size, moved, landed, pf):
+    """A prefetch's accesses ``lo..hi - 1``: those decided in a flash tier moved into
+    DRAM (``moved[b] = 1``, ``landed[b] = now``)."""
     pf[PF_REQUESTS] += 1
-    for t in range(block.shape[0]):
+    for t in range(lo, hi):
         d = decision[t] & 3
         if d == 1 or d == 2:
             b = block[t]
@@ -168,32 +168,40 @@ def account_prefetch(block, decision, size, now, moved, landed, pf):
 
 
 @njit(**NJIT)
+def read(block, decision, lo, hi, now, meas, absent, size, moved, landed, pf):
+    """A real request's accesses ``lo..hi - 1`` at ``now``: a block moved by a prefetch
+    is useful iff this next access reads it from DRAM; when the request is a prestaged
+    turn, its usable-prefix tokens not in DRAM at its prefetch's issue (``absent[t -
+    lo]``) and those read from DRAM thanks to a prefetch (coverage). Only a measured
+    request counts."""
+    usable = True
+    for t in range(lo, hi):
+        b = block[t]
+        d = decision[t] & 3
+        if d == 3:
+            usable = False
+        was = moved[b] != 0
+        if was:
+            moved[b] = 0
+            if d == 0 and meas:
+                pf[PF_USEFUL] += size[b]
+                pf[PF_HELD] += size[b] * (now - landed[b])
+        if usable and absent[t - lo] != 0 and meas:
+            pf[PF_NEEDED] += size[b]
+            if was and d == 0:
+                pf[PF_COVERED] += size[b]
+
+
+@njit(**NJIT)
 def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absent, pf, meas_from):
-    """Real requests ``r0..``: a block moved by a prefetch is useful iff its next access
-    reads it from DRAM; a prestaged turn's usable-prefix tokens not in DRAM when its
-    prefetch was issued (``absent``, per access of the piece), and those read from DRAM
-    thanks to a prefetch (coverage). Measured requests (``>= meas_from``) only count."""
+    """Real requests ``r0..`` of a piece (:func:`read` each; ``absent`` per access of the
+    piece; measured from request ``meas_from``)."""
     for r in range(lrs.shape[0] - 1):
-        rr = r0 + r
-        meas = rr >= meas_from
-        usable = True
-        for t in range(lrs[r], lrs[r + 1]):
-            b = block[t]
-            d = decision[t] & 3
-            if d == 3:
-                usable = False
-            was = moved[b] != 0
-            if was:
-                moved[b] = 0
-                if d == 0 and meas:
-                    pf[PF_USEFUL] += size[b]
-                    pf[PF_HELD] += size[b] * (req_t[rr] - landed[b])
-            if usable and absent[t] != 0 and meas:
-                pf[PF_NEEDED] += size[b]
-                if was and d == 0:
-                    pf[PF_COVERED] += size[b]
+        lo = lrs[r]
+        read(block, decision, lo, lrs[r + 1], req_t[r0 + r], r0 + r >= meas_from, absent[lo:], size, moved, landed,
+             pf)
 
 
 __all__ = ["N_PF", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
-           "PF_USEFUL", "account_prefetch", "account_requests", "drop_all", "drop_idle", "drop_namespace",
-           "drop_target", "mark_absent", "present_prefix"]
+           "PF_USEFUL", "account_requests", "drop_all", "drop_idle", "drop_namespace", "drop_target", "land",
+           "mark_absent", "present_prefix", "read"]

@@ -17,8 +17,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels.scenario_ops import (PF_BLOCKS, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
-                                          PF_REQUESTS, PF_USEFUL)
+from kvtrace.kernels.scenario_ops import PF_DISPLACED, land, read
 from kvtrace.kernels.tier_table import R_SRC, REQ_FETCH, REQ_PROBE, REQ_REAL
 from kvtrace.kernels.tiers import HIST_MIN_EXP
 
@@ -102,10 +101,9 @@ def quanta(t_abs: np.ndarray, t0: float, shift: int) -> np.ndarray:
 @njit(**NJIT)
 def account(block, decision, lrs, kind, who, time, meas, start, size, rows, moved, landed, absent, pf):
     """The prefetch figures of one fed run (:mod:`kvtrace.kernels.scenario_ops`): a probe
-    marks its turn's accesses not in DRAM (``absent``, by access of the trace); a fetch's
-    accesses found in a flash tier are moved (``moved``, ``landed``) and its row's
-    ``R_SRC`` is the DRAM it evicted; a real request reads the moved blocks (useful iff
-    from DRAM) and, when prestaged, counts its usable-prefix coverage."""
+    marks its turn's accesses not in DRAM (``absent``, by access of the trace); a fetch
+    lands (:func:`~kvtrace.kernels.scenario_ops.land`) and its row's ``R_SRC`` is the
+    DRAM it evicted; a real request reads (:func:`~kvtrace.kernels.scenario_ops.read`)."""
     for s in range(kind.shape[0]):
         lo, hi = lrs[s], lrs[s + 1]
         if kind[s] == REQ_PROBE:
@@ -117,34 +115,11 @@ def account(block, decision, lrs, kind, who, time, meas, start, size, rows, move
             continue
         if kind[s] == REQ_FETCH:
             if meas[s]:
-                pf[PF_REQUESTS] += 1
                 pf[PF_DISPLACED] += rows[s, R_SRC]
-                for t in range(lo, hi):
-                    d = decision[t] & 3
-                    if d == 1 or d == 2:
-                        b = block[t]
-                        moved[b] = 1
-                        landed[b] = time[s]
-                        pf[PF_BLOCKS] += 1
-                        pf[PF_MOVED] += size[b]
+                land(block, decision, lo, hi, time[s], size, moved, landed, pf)
             continue
-        usable = True
         a = start[s]
-        for t in range(lo, hi):
-            b = block[t]
-            d = decision[t] & 3
-            if d == 3:
-                usable = False
-            was = moved[b] != 0
-            if was:
-                moved[b] = 0
-                if d == 0 and meas[s]:
-                    pf[PF_USEFUL] += size[b]
-                    pf[PF_HELD] += size[b] * (time[s] - landed[b])
-            if usable and absent[a + t - lo] != 0 and meas[s]:
-                pf[PF_NEEDED] += size[b]
-                if was and d == 0:
-                    pf[PF_COVERED] += size[b]
+        read(block, decision, lo, hi, time[s], meas[s], absent[a:], size, moved, landed, pf)
 
 
 __all__ = ["Bulk", "account", "gather", "quanta"]

@@ -31,8 +31,7 @@ from kvtrace.analyses.whatif.simulate import tier_rules
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
-                                          PF_REQUESTS, PF_USEFUL, account_prefetch, account_requests, mark_absent,
-                                          present_prefix)
+                                          PF_REQUESTS, PF_USEFUL, account_requests, land, mark_absent, present_prefix)
 from kvtrace.kernels.tier_table import (ABSENT, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, R_SRC,
                                         R_TOTAL_TOK, REQ_FETCH, REQ_REAL)
 from kvtrace.model import GpuSpec, ModelSpec
@@ -232,7 +231,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         measured = slot >= sim.ip[K.I_FIRST_MEASURED]
         decision = sim.feed(syn.blocks, syn.tokens, syn.pos, np.array([0, syn.blocks.shape[0]], dtype=np.int64))
         if measured:
-            account_prefetch(syn.blocks, decision, size, syn.time_s, pf_moved, pf_landed, pf)
+            land(syn.blocks, decision, 0, syn.blocks.shape[0], syn.time_s, size, pf_moved, pf_landed, pf)
             pf[PF_DISPLACED] += sim.chunk_out[0, R_SRC]
         if record is not None:
             record.append(syn)
