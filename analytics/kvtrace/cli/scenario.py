@@ -58,12 +58,10 @@ def scenario(
     m = kv_model(cfg.model.name, cfg.model.kv_bytes_per_token, cfg.model.dtype)
     g = resolve_gpu(cfg.gpu.name, mfu=cfg.gpu.mfu, dollars_per_hour=cfg.gpu.dollars_per_hour)
     d = ResponseModel()
-    r = cfg.response
-    response = ResponseModel.in_units(
-        dram_gbps=r.dram_gbps or d.dram_gbps, dram_latency_ms=d.dram_latency_ms if r.dram_latency_ms is None
-        else r.dram_latency_ms, flash_gbps=r.flash_gbps or d.flash_gbps,
-        flash_latency_ms=d.flash_latency_ms if r.flash_latency_ms is None else r.flash_latency_ms,
-        overhead_ms=d.overhead_ms if r.overhead_ms is None else r.overhead_ms, recompute_flops_per_s=g.effective_flops)
+    given = {k: getattr(d, k) for k in ("dram_gbps", "dram_latency_ms", "flash_gbps", "flash_latency_ms",
+                                        "overhead_ms")}
+    given.update(cfg.response.model_dump(exclude_none=True))  # [response]: the file's values over the defaults
+    response = ResponseModel.in_units(**given, recompute_flops_per_s=g.effective_flops)
     trace = load_input(trace_path, fmt, block_tokens, share_tenants, workload="whatif")
     with trace:
         t0 = time.perf_counter()

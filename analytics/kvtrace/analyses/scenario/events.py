@@ -42,16 +42,9 @@ BASELINE = "plain"
 def session_coin(trace, seed: int) -> np.ndarray:
     """float64[R] in [0, 1): a fixed coin per session (per request without a session
     id): ``mix64(key ^ seed) / 2**64``, the session id's key as routing's."""
-    from kvtrace.analyses.whatif.config import mix64
+    from kvtrace.analyses.whatif.config import mix64, session_keys
 
-    req = trace.requests
-    rid = req["request_id"].to_numpy().astype(np.int64)
-    if "session_id" in req.columns:
-        sess = req["session_id"]
-        key = np.where(sess.is_null().to_numpy(), rid, sess.fill_null(0).to_numpy().astype(np.int64))
-    else:
-        key = rid
-    h = mix64(key.astype(np.int64).view(np.uint64) ^ np.uint64(seed))
+    h = mix64(session_keys(trace.requests) ^ np.uint64(seed))
     return (h >> np.uint64(11)).astype(np.float64) * 2.0**-53
 
 

@@ -49,14 +49,6 @@ class Bulk:
         rsh = (np.where(self.moved[r_lo:r_hi], self.M, 0).astype(np.int64) if self.moved is not None
                else np.zeros(rs.shape[0], dtype=np.int64))
         j, src = self.targets[ks], self.srcs[ks]
-        n = rs.shape[0] + 2 * ks.shape[0]
-        start = np.empty(n, dtype=np.int64)
-        length = np.empty(n, dtype=np.int64)
-        shift = np.empty(n, dtype=np.int64)
-        kind = np.empty(n, dtype=np.int8)
-        who = np.empty(n, dtype=np.int64)
-        time = np.empty(n, dtype=np.float64)
-        meas = np.empty(n, dtype=np.bool_)
         # order: by request; before it its prefetches in issue order, each a probe then a fetch
         key_r = np.concatenate([rs, self.at[ks], self.at[ks]])
         key_g = np.concatenate([np.ones(rs.shape[0], np.int64), np.zeros(2 * ks.shape[0], np.int64)])
@@ -72,9 +64,7 @@ class Bulk:
         time_all = np.concatenate([rel[rs], self.issue[ks], self.issue[ks]])
         # a prefetch issued before the first measured request warms up, as that request's own do
         meas_all = np.concatenate([rs >= first, self.at[ks] > first, self.at[ks] > first])
-        start[:], length[:], shift[:], kind[:] = s_all[order], l_all[order], sh_all[order], kind_all[order]
-        who[:], time[:], meas[:] = who_all[order], time_all[order], meas_all[order]
-        return start, length, shift, kind, who, time, meas
+        return tuple(x[order] for x in (s_all, l_all, sh_all, kind_all, who_all, time_all, meas_all))
 
 
 @njit(**NJIT)

@@ -72,16 +72,10 @@ class _Slots:
 
     def __init__(self, ts: np.ndarray, node: np.ndarray, extra: int):
         R = ts.shape[0]
-        self.ts = ts
-        self.node = node
         self.t0 = float(ts[0]) if R else 0.0
         # the real times, then room for the prefetches (the same span: the same time quantum)
         self.req_ts = np.concatenate([ts, np.full(extra, ts[-1] if R else 0.0)])
         self.req_node = np.concatenate([node, np.zeros(extra, dtype=np.int32)]).astype(np.int32)
-        self.next = 0
-
-    def quantum_q(self, sim, t_abs: float) -> int:
-        return int(math.floor(math.ldexp(t_abs - self.t0, -(K.HIST_MIN_EXP + sim.shift))))
 
 
 def _heap_push(heap: list, a: Action) -> None:
@@ -225,7 +219,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     def feed_prefetch(syn: Synthetic) -> None:
         slot = sim.next_request
         sim.req_ts[slot] = slots.t0 + syn.time_s
-        sim.req_tq[slot] = slots.quantum_q(sim, slots.t0 + syn.time_s)
+        sim.req_tq[slot] = P.quanta(np.array([slots.t0 + syn.time_s]), slots.t0, sim.shift)[0]
         sim.req_node[slot] = syn.node
         sim.req_kind[slot] = REQ_FETCH
         measured = slot >= sim.ip[K.I_FIRST_MEASURED]
@@ -256,9 +250,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
             if n == 0:
                 return
             syn = Synthetic(a.request, a.time_s, node, blocks[:n], tokens[:n], pos[:n], j)
-            if pre.gbps == math.inf:
-                feed_prefetch(syn)
-                return
+            # here only with a bandwidth limit (without, the prefetches are fed in bulk: prestage.Bulk)
             in_dram = sim.st[syn.blocks, Xd, PREV] != ABSENT
             nbytes = float(size[syn.blocks[~in_dram]].sum()) * bpt
             start = max(a.time_s, busy[0])
@@ -449,15 +441,14 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
                 progress(k * trace.n_accesses + done, total)
 
         out = replay(trace, cfg, plan, model=model, response=response, load=load, first=first, progress=prog)
-        try:
+        try:  # the timeline reads the demand's rows too: closed (a spill file removed) after both
             row, _, ttft_m = run_level(out.demand, level, load, response, keep_ttft=True,
                                        congestion=plan.congestion)
+            ttft = np.full(R, np.nan)
+            ttft[first:first + ttft_m.shape[0]] = ttft_m
+            tl = timeline(name, rel, first, bin_s, out, ttft[first:], load, load.slo_ttft_s, config.nodes)
         finally:
             out.demand.close()
-        ttft = np.full(R, np.nan)
-        ttft[first:first + ttft_m.shape[0]] = ttft_m
-        tl = timeline(name, rel, first, bin_s, out, ttft[first:], load, load.slo_ttft_s,
-                      config.nodes)
         if base_tl is None and cfg.run.baseline:
             base_tl = tl
         ev_t = min(plan.event_times) if plan.event_times else math.inf

@@ -205,6 +205,17 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
+def session_keys(requests) -> np.ndarray:
+    """uint64[R]: each request's session id, its own request id when it has none (the
+    key of session routing and of a scenario's per-session coins)."""
+    rid = requests["request_id"].to_numpy().astype(np.int64)
+    if "session_id" not in requests.columns:
+        return rid.view(np.uint64)
+    sess = requests["session_id"]
+    key = np.where(sess.is_null().to_numpy(), rid, sess.fill_null(0).to_numpy().astype(np.int64))
+    return key.astype(np.int64).view(np.uint64)
+
+
 def route(trace: TraceSource, nodes: int, routing: str) -> np.ndarray:
     """int32[R]: the node (0..nodes-1) serving each request (routing keys in the
     package docstring)."""
@@ -216,9 +227,7 @@ def route(trace: TraceSource, nodes: int, routing: str) -> np.ndarray:
     req = trace.requests
     rid = req["request_id"].to_numpy().astype(np.int64)
     if routing == "session":
-        sess = req["session_id"]
-        key = np.where(sess.is_null().to_numpy(), rid, sess.fill_null(0).to_numpy().astype(np.int64))
-        key = key.astype(np.int64).view(np.uint64)
+        key = session_keys(req)
     elif routing == "prefix":
         first = trace.first_blocks()
         nonempty = first >= 0
