@@ -116,6 +116,26 @@ def _wait_idle(page) -> None:
     )
 
 
+def _choose_sample(page, name: str) -> None:
+    """Pick a bundled sample in the sidebar. The dropdown is opened again until the
+    option shows: a click landing while the sidebar re-renders opens nothing."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    box = page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').filter(has_text="Sample trace")
+    option = page.get_by_role("option", name=name)
+    for _ in range(10):
+        box.first.click()
+        try:
+            option.wait_for(timeout=3000)
+            break
+        except PlaywrightTimeout:  # the dropdown did not open: try again
+            _wait_idle(page)
+    option.click()
+    page.wait_for_function("n => document.querySelector('[data-testid=\"stSidebar\"]').innerText.includes(n)",
+                           arg=name, timeout=PAGE_TIMEOUT_MS)
+    _wait_idle(page)
+
+
 def _assert_no_exception(page) -> None:
     assert page.locator('[data-testid="stException"]').count() == 0, page.locator(
         '[data-testid="stException"]').first.inner_text()
@@ -162,9 +182,7 @@ def test_scenarios_run_in_a_real_browser(browser, server, tmp_path):
         page.goto(f"{server}/scenarios", timeout=PAGE_TIMEOUT_MS)
         page.wait_for_selector("h1", timeout=PAGE_TIMEOUT_MS)
         _wait_idle(page)
-        page.locator('[data-testid="stSidebar"] [data-testid="stSelectbox"]').first.click()
-        page.get_by_role("option", name="mixed.parquet").click()
-        _wait_idle(page)
+        _choose_sample(page, "mixed.parquet")
         page.get_by_role("button", name="Run the scenarios").click()
         page.wait_for_function(
             "() => document.querySelectorAll('[data-testid=\"stVegaLiteChart\"] canvas, "
