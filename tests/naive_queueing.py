@@ -440,6 +440,20 @@ class Sim:
         if self.uplink:
             self.link_job(3 * N + T, wf * self.inv_b[3 * N + T], None, now)
 
+    def transfer(self, q: dict) -> None:
+        """A background move into node q's DRAM: its jobs at its arrival, no request."""
+        N, T, n, now = self.N, self.T, q["node"], q["arrival"]
+        if q["bl"] > 0:
+            self.link_job(2 * N + n, q["bl"] * self.inv_b[2 * N + n], None, now)
+        for t in range(T):
+            if q["bft"][t] > 0:
+                s = 3 * N + t
+                self.link_job(s, max(q["bft"][t] * self.inv_b[s], q["rft"][t] * self.inv_io[s]), None, now)
+        if q["bf"] > 0:
+            self.link_job(N + n, q["bf"] * self.inv_b[N + n], None, now)
+            if self.uplink:
+                self.link_job(3 * N + T, q["bf"] * self.inv_b[3 * N + T], None, now)
+
     # ------------------------------------------------------------------ the run
     def event(self, now, kind, args):
         if kind == LINK_DONE_EV:
@@ -483,7 +497,8 @@ class Sim:
 def simulate(nodes, targets, gpus, inv_rate, inv_iops, p: Params, requests, *, ps=False, uplink=False,
              n_measured=None, congest=()) -> Result:
     """Run ``requests`` (dicts with ``arrival, node, index, bd, bl, bf, bft, rft, s_rest,
-    k_rest, s_fl, k_fl, wl, wf``; in arrival order) and every event after the last;
+    k_rest, s_fl, k_fl, wl, wf``, and ``transfer`` True for a background transfer; in
+    arrival order) and every event after the last;
     ``congest``: (link, from, to, share of its rate) windows."""
     n_measured = sum(1 for q in requests if q["index"] >= 0) if n_measured is None else n_measured
     sim = Sim(nodes, targets, gpus, inv_rate, inv_iops, p, ps=ps, uplink=uplink, n_measured=n_measured)
@@ -492,6 +507,11 @@ def simulate(nodes, targets, gpus, inv_rate, inv_iops, p: Params, requests, *, p
     try:
         for q in requests:
             sim.run_until(q["arrival"])
+            if q.get("transfer"):
+                sim.transfer(q)
+                if sim.stop:
+                    raise Overloaded
+                continue
             r = Request(q["index"], q["arrival"], q["node"], q["bd"], q["bl"], q["bf"], list(q["bft"]),
                         list(q["rft"]), q["wl"], q["wf"], q["s_rest"], q["k_rest"], q["s_fl"], q["k_fl"])
             sim.arrive(r)

@@ -15,7 +15,12 @@ before that request:
 * rollout: the moved requests' blocks renumbered ``b + M``; retirement every ``step``
   after the ramp removes, from each tier's old end, blocks ``< M`` while their sizes fit
   the step's budget;
-* migration: the moved sessions' requests from ``at`` on served by the next node.
+* migration: the moved sessions' requests from ``at`` on served by the next node;
+* prewarm: at its start the twin stops, reads the tiers (every node's DRAM, local SSD,
+  the shared flash unless set aside), picks and orders the candidates from the trace
+  (last use before, FLOPs after: plain loops), schedules their landings and replays
+  again from the beginning with each group fed as a ``naive_tiers`` prewarm request
+  (kind 3) before its request, among the edits by (time, push order).
 
 A removed block is not written anywhere nor counted; the twin's per-block state
 (accesses so far, first request) is untouched, as the kernel's.
@@ -61,7 +66,8 @@ def first_at(rel: list[float], t: float) -> int:
 
 def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], nodes: int, targets: int,
          n_blocks: int):
-    """``(node, moved, actions)``: ``actions[r]`` = the edits before request r, in order."""
+    """``(node, moved, actions)``: ``actions[r]`` = the edits before request r, in order,
+    each ``(time, push order, edit)``."""
     R = len(ts)
     rel = [t - ts[0] for t in ts] if R else []
     span = rel[-1] if R else 0.0
@@ -85,6 +91,8 @@ def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], 
             add(t, ("wipe", "dram"))
         elif kind == "target-loss":
             add(t, ("target", targets, ev.get("target", 0)))
+        elif kind == "prewarm":
+            add(t, ("pw_start", i, t))
         elif kind == "catalog-outage":
             add(t, ("hide",))
             add(t + ev["duration"], ("show",))
@@ -122,15 +130,24 @@ def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], 
             raise AssertionError(kind)
     todo.sort(key=lambda x: (x[0], x[1], x[2]))
     actions: dict[int, list] = {}
-    for r, _, _, a in todo:
-        actions.setdefault(r, []).append(a)
+    for r, t, o, a in todo:
+        actions.setdefault(r, []).append((t, o, a))
     return node, moved, actions
 
 
+class _Capture(Exception):
+    """A prewarm's start reached: the tiers as they are then."""
+
+    def __init__(self, event: int, t0: float, request: int, tiers: list):
+        super().__init__()
+        self.event, self.t0, self.request, self.tiers = event, t0, request, tiers
+
+
 def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, targets, bpt, flash_lru=True,
-        **kw):
-    """The twin's replay of a scenario: ``naive_tiers.simulate_tiers``'s dict plus
-    ``dropped`` (blocks, tokens removed by the events)."""
+        flops=(0.0, 0.0), **kw):
+    """The twin's replay of a scenario: ``naive_tiers.simulate_tiers``'s dict (the real
+    requests' entries) plus ``dropped`` (blocks, tokens removed by the events) and, with
+    a prewarm, ``prewarm`` (its figures, tokens). ``flops``: the model's ``(a, b)``."""
     M = len(size)
     node, moved, actions = plan(events, list(ts), keys, node, nodes, targets, M)
     block = [int(b) for b in block]
@@ -141,6 +158,119 @@ def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, t
                 for t in range(req_start[r], req_start[r + 1]):
                     block[t] += M
         size = size + size
+    rel = [t - ts[0] for t in ts]
+    n_static = sum(len(v) for v in actions.values())
+    groups: list = []  # (request, time, order, node, blocks, tokens, pos, start)
+    captured: set = set()
+    while True:
+        try:
+            out = _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, captured, M=M, nodes=nodes,
+                           bpt=bpt, flash_lru=flash_lru, **kw)
+            break
+        except _Capture as c:
+            captured.add(c.event)
+            ev = events[c.event]
+            groups += prewarm_groups(ev, c, block, size, req_start, tokens, pos, rel, node, nodes=nodes, bpt=bpt,
+                                     flops=flops, block_tokens=kw["block_tokens"], dram=kw["dram"],
+                                     first_order=n_static + 1 + len(groups))
+    out["node"] = node
+    return out
+
+
+def prewarm_groups(ev, c, block, size, req_start, tokens, pos, rel, node, *, nodes, bpt, flops, block_tokens, dram,
+                   first_order):
+    """A prewarm's groups (``kvtrace.analyses.scenario.prewarm`` states the rules)."""
+    R = len(req_start) - 1
+    last_req, last_pos = {}, {}
+    for r in range(c.request):
+        for t in range(req_start[r], req_start[r + 1]):
+            last_req[block[t]] = r
+            last_pos[block[t]] = int(pos[t])
+    order = ev.get("order", "value")
+    if order == "value":
+        horizon = ev.get("horizon", math.inf)
+        r1 = first_at(rel, c.t0 + horizon) if horizon < math.inf else R
+        gain: dict = {}
+        a, bc = flops
+        for r in range(c.request, max(c.request, r1)):
+            for t in range(req_start[r], req_start[r + 1]):
+                k = float(tokens[t])
+                start = float(pos[t]) * float(block_tokens)
+                gain[block[t]] = gain.get(block[t], 0.0) + (a * k + bc * (k * start + k * (k - 1.0) / 2.0))
+        key = lambda b: (-(gain.get(b, 0.0) / max(size[b], 1)), b)  # noqa: E731
+    elif order == "recency":
+        key = lambda b: (-last_req[b], last_pos[b], b)  # noqa: E731
+    else:
+        key = lambda b: (mix_hash(b), b)  # noqa: E731
+    cands = sorted(last_req, key=key)
+    rate = ev["gbps"] * 1e9
+    budget = ev.get("limit", 1.0) * dram
+    out = []
+    for n in range(nodes):
+        dram_n, local_n, shared = c.tiers[n]
+        mine = [b for b in cands if node[last_req[b]] == n and b not in dram_n and (b in local_n or b in shared)]
+        cum = 0
+        rows = []
+        for b in mine:
+            if cum + size[b] > budget:
+                break
+            start = c.t0 + float(cum) * bpt / rate
+            cum += size[b]
+            land = c.t0 + float(cum) * bpt / rate
+            r = first_at(rel, land)
+            if r >= R:
+                break
+            rows.append((r, land, start, b))
+        i = 0
+        while i < len(rows):
+            j = i
+            while j < len(rows) and rows[j][0] == rows[i][0]:
+                j += 1
+            bs = [x[3] for x in rows[i:j]]
+            out.append((rows[i][0], rows[i][1], first_order + len(out), n, bs, [size[b] for b in bs],
+                        [last_pos[b] for b in bs], rows[i][2]))
+            i = j
+    return out
+
+
+def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, captured, *, M, nodes, bpt, flash_lru,
+             **kw):
+    """One replay with ``groups`` fed; raises :class:`_Capture` at a prewarm's start not
+    yet in ``captured``."""
+    R = len(req_start) - 1
+    seq, pre = [], []  # per fed request: ("real", r) or ("grp", group); the edits before it
+    for r in range(R):
+        items = [(t, o, "act", a) for t, o, a in actions.get(r, [])] + \
+                [(g[1], g[2], "grp", g) for g in groups if g[0] == r]
+        items.sort(key=lambda x: (x[0], x[1]))
+        pending = []
+        for _, _, what, x in items:
+            if what == "act":
+                pending.append(x)
+            else:
+                seq.append(("grp", x))
+                pre.append(pending)
+                pending = []
+        seq.append(("real", r))
+        pre.append(pending)
+    a_block, a_tokens, a_pos, a_start, a_ts, a_node, kinds = [], [], [], [0], [], [], []
+    for what, x in seq:
+        if what == "real":
+            lo, hi = req_start[x], req_start[x + 1]
+            a_block += block[lo:hi]
+            a_tokens += [int(v) for v in tokens[lo:hi]]
+            a_pos += [int(v) for v in pos[lo:hi]]
+            a_ts.append(float(ts[x]))
+            a_node.append(int(node[x]))
+            kinds.append(0)
+        else:
+            a_block += list(x[4])
+            a_tokens += [int(v) for v in x[5]]
+            a_pos += [int(v) for v in x[6]]
+            a_ts.append(float(ts[0]) + x[1])
+            a_node.append(x[3])
+            kinds.append(3)
+        a_start.append(len(a_block))
     hidden = []
     dropped = [0, 0]
 
@@ -149,11 +279,16 @@ def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, t
         dropped[0] += 1
         dropped[1] += size[b]
 
-    def before(r, drams, locals_, shared, shift):
+    def before(i, drams, locals_, shared, shift):
         quantum = 2.0 ** (twin.HIST_MIN_EXP + shift)
-        for a in actions.get(r, []):
+        for a in pre[i]:
             flash = [shared] if shared is not None and not hidden else []
-            if a[0] == "wipe":
+            if a[0] == "pw_start":
+                if a[1] not in captured:
+                    raise _Capture(a[1], a[2], seq[i][1] if seq[i][0] == "real" else seq[i][1][0],
+                                   [(set(drams[n].blocks), set(locals_[n].blocks) if locals_ else set(),
+                                     set(flash[0].blocks) if flash else set()) for n in range(nodes)])
+            elif a[0] == "wipe":
                 tiers = drams if a[1] == "dram" else drams + (locals_ or []) + flash
                 for tier in tiers:
                     for b in list(tier.blocks):
@@ -214,10 +349,35 @@ def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, t
             else:
                 raise AssertionError(a)
 
-    out = twin.simulate_tiers(block, size, req_start, tokens, pos, ts, node, n_nodes=nodes, flash_lru=flash_lru,
-                              before=before, **kw)
+    first = kw.pop("first_measured", 0)
+    first_slot = next((i for i, x in enumerate(seq) if x == ("real", first)), len(seq))
+    out = twin.simulate_tiers(a_block, size, a_start, a_tokens, a_pos, a_ts, a_node, n_nodes=nodes,
+                              flash_lru=flash_lru, before=before, req_kind=kinds, first_measured=first_slot, **kw)
     out["dropped"] = dropped
-    out["node"] = node
+    dec = out["decision"]
+    real = [i for i, x in enumerate(seq) if x[0] == "real"]
+    fig = dict.fromkeys(("prewarm_groups", "moved_tokens", "useful_tokens", "displaced_tokens"), 0.0)
+    moved_at: dict = {}
+    for i, (what, x) in enumerate(seq):
+        lo, hi = a_start[i], a_start[i + 1]
+        meas = i >= first_slot
+        if what == "grp":
+            if meas and any(dec[t] in (LOCAL, FLASH) for t in range(lo, hi)):  # a group that moved something
+                fig["prewarm_groups"] += 1
+                fig["displaced_tokens"] += out["req_out"][i][0]
+                for t in range(lo, hi):
+                    if dec[t] in (LOCAL, FLASH):
+                        moved_at[a_block[t]] = x[1]
+                        fig["moved_tokens"] += size[a_block[t]]
+            continue
+        for t in range(lo, hi):
+            if moved_at.pop(a_block[t], None) is not None and dec[t] == DRAM and meas:
+                fig["useful_tokens"] += size[a_block[t]]
+    keep = [t for i in real for t in range(a_start[i], a_start[i + 1])]
+    out["decision"] = [dec[t] for t in keep]
+    out["cold"] = [out["cold"][t] for t in keep]
+    out["req_out"] = [out["req_out"][i] for i in real]
+    out["prewarm"] = fig if groups or captured else None
     return out
 
 

@@ -129,7 +129,9 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
     ``req_kind`` (per request, 0 by default): 1 = a probe (each access's decision
     recorded against the tiers as they are; nothing else happens), 2 = a fetch (only its
     leading accesses that a tier of its node holds exist: touched as a request's, never
-    measured; its row holds the DRAM tokens it evicted).
+    measured; its row holds the DRAM tokens it evicted), 3 = a prewarm (a fetch of only
+    those of its accesses that, when it comes, a tier below its node's DRAM holds and
+    the DRAM does not; the others do not exist).
 
     Returns
     -------
@@ -276,12 +278,20 @@ def simulate_tiers(block, size, req_start, tokens, pos, req_ts, req_node, *, blo
                 for t in range(lo, hi):
                     decision[t] = where(t)
                 continue
-            k = lo
-            while k < hi and where(k) != MISS:
-                k += 1
-            hi = ends[r] = k
-            if rules & 1 and hi > lo:
-                capped[hi - 1] = True
+            if kinds[r] == 3:  # a prewarm: the accesses not held below DRAM (or held in it) do not exist
+                kept = [t for t in range(lo, hi) if where(t) in (LOCAL, FLASH)]
+                for t in range(lo, hi):
+                    if t not in kept:
+                        unseen[t] = True
+                if rules & 1 and kept:
+                    capped[kept[-1]] = True
+            else:
+                k = lo
+                while k < hi and where(k) != MISS:
+                    k += 1
+                hi = ends[r] = k
+                if rules & 1 and hi > lo:
+                    capped[hi - 1] = True
         touch_groups = [(lo, hi)] if prefix_aware else [(t, t + 1) for t in range(lo, hi)]
         for a, z in touch_groups:
             stamp = a

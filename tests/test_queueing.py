@@ -93,6 +93,7 @@ def columns(reqs, T):
     col["index"] = np.array([r["index"] for r in reqs], dtype=np.int64)
     col["bft"] = np.array([r["bft"] for r in reqs], dtype=np.float64).reshape(-1, T)
     col["rft"] = np.array([r["rft"] for r in reqs], dtype=np.float64).reshape(-1, T)
+    col["transfer"] = np.array([bool(r.get("transfer")) for r in reqs], dtype=bool)
     return col
 
 
@@ -109,7 +110,8 @@ def run_kernel(case, cuts=()):
     for k, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
         sim.feed(c["arrival"][lo:hi], c["node"][lo:hi], c["index"][lo:hi], c["bd"][lo:hi], c["bl"][lo:hi],
                  c["bf"][lo:hi], c["bft"][lo:hi], c["rft"][lo:hi], c["s_rest"][lo:hi], c["k_rest"][lo:hi],
-                 c["s_fl"][lo:hi], c["k_fl"][lo:hi], c["wl"][lo:hi], c["wf"][lo:hi], final=k == len(bounds) - 2)
+                 c["s_fl"][lo:hi], c["k_fl"][lo:hi], c["wl"][lo:hi], c["wf"][lo:hi], final=k == len(bounds) - 2,
+                 transfer=c["transfer"][lo:hi] if c["transfer"].any() else None)
     return sim
 
 
@@ -347,9 +349,83 @@ def test_one_job_through_a_window_by_hand():
     4 s giving 2 s of work, then 4 s: it ends at 12."""
     sim = Q.QueueSim(1, 1, 1, np.zeros(5), np.zeros(5), np.zeros(Q.N_FP), ps=False, uplink=False, n_measured=0)
     sim.congest(0, 4.0, 8.0, 0.5)
-    assert Q._finish_at(sim.sf, 0, 0.0, 10.0) == 12.0
-    assert Q._finish_at(sim.sf, 0, 5.0, 1.0) == 7.0
-    assert Q._finish_at(sim.sf, 0, 9.0, 1.0) == 10.0
-    assert Q._served(sim.sf, 0, 0.0, 12.0) == 10.0
+    assert Q.finish_at(sim.sf, 0, 0.0, 10.0) == 12.0
+    assert Q.finish_at(sim.sf, 0, 5.0, 1.0) == 7.0
+    assert Q.finish_at(sim.sf, 0, 9.0, 1.0) == 10.0
+    assert Q.served(sim.sf, 0, 0.0, 12.0) == 10.0
     sim.congest(0, 4.0, 8.0, 0.0)  # stopped in the window
-    assert Q._finish_at(sim.sf, 0, 3.0, 2.0) == 9.0
+    assert Q.finish_at(sim.sf, 0, 3.0, 2.0) == 9.0
+
+
+# --------------------------------------------------------------------------- transfers
+def with_transfers(case, seed: int, n: int = 40):
+    """The case with ``n`` background transfers (local SSD and per-target bytes, some
+    at a request's arrival time) merged in arrival order."""
+    rng = np.random.default_rng(seed)
+    T, N = case["targets"], case["nodes"]
+    reqs = case["requests"]
+    end = reqs[-1]["arrival"] if reqs else 1.0
+    times = np.sort(np.concatenate([rng.uniform(0, end, n - n // 4),
+                                    rng.choice([r["arrival"] for r in reqs], n // 4)]))
+    rows = []
+    for t in times:
+        bft = np.where(rng.random(T) < 0.4, 0.0, rng.uniform(0, 80, T))
+        rows.append(dict(arrival=float(t), node=int(rng.integers(0, N)), index=-1, transfer=True, bd=0.0,
+                         bl=0.0 if rng.random() < 0.5 else float(rng.uniform(0, 80)), bf=float(bft.sum()),
+                         bft=bft.tolist(), rft=np.where(bft > 0, rng.integers(1, 6, T), 0).astype(float).tolist(),
+                         s_rest=0.0, k_rest=0.0, s_fl=0.0, k_fl=0.0, wl=0.0, wf=0.0))
+    merged = sorted(reqs + rows, key=lambda r: (r["arrival"], not r.get("transfer")))  # a transfer first at a tie
+    return {**case, "requests": merged}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_transfers_kernel_equals_twin(seed):
+    case = with_transfers(random_case(7000 + seed, gap=float(np.random.default_rng(seed).choice([0.05, 0.25]))),
+                          seed)
+    if seed % 4 == 0:
+        case = with_congestion(case, seed)
+    compare(run_kernel(case, cuts=(17, 60)), run_twin(case), exact=not case["ps"])
+
+
+@pytest.mark.parametrize("ps", [False, True])
+def test_transfers_load_the_links_and_only_the_links(ps):
+    """Transfers of no bytes change nothing; transfers of bytes add exactly their work to
+    the stations' busy time (FCFS, nothing overlapping the window's ends) and slow the
+    requests down, and are no request: same branches counted, same TTFT count."""
+    case = random_case(91, ps=ps, gap=0.05, m=150, route=0.0)
+    plain = run_kernel(case)
+    empty = with_transfers(case, 3)
+    for r in empty["requests"]:
+        if r.get("transfer"):
+            r.update(bl=0.0, bf=0.0, bft=[0.0] * case["targets"], rft=[0.0] * case["targets"])
+    got = run_kernel(empty)
+    np.testing.assert_array_equal(plain.ttft, got.ttft)
+    np.testing.assert_array_equal(plain.sf, got.sf)
+    loaded = run_kernel(with_transfers(case, 3, n=300))
+    assert np.nansum(loaded.ttft) > np.nansum(plain.ttft)
+    assert int(loaded.cnt[Q.C_DONE]) == int(plain.cnt[Q.C_DONE])
+    assert loaded.branches.sum() == plain.branches.sum()
+    assert loaded.sf[:, Q.SF_JOBS].sum() > plain.sf[:, Q.SF_JOBS].sum()
+
+
+def test_one_transfer_ahead_of_a_request_by_hand():
+    """FCFS, one node, one target, links of 0.01 s/byte: a transfer of 100 bytes from the
+    flash at t = 0 holds the target, the NIC for 1 s; a request at 0.5 s restoring 10
+    flash bytes (host link, target, NIC each 0.1 s) starts on the target and the NIC at
+    1 s: restore ends at 1.1 s, no GPU work, TTFT 0.6 s (0.1 s without the transfer)."""
+    inv = np.array([0.01, 0.01, 0.01, 0.01, 0.0])  # host, NIC, local SSD, target, uplink
+    fp = np.zeros(Q.N_FP)
+    fp[Q.FP_MAX_WAIT], fp[Q.FP_W1] = 1e9, 10.0
+    def run(with_transfer):
+        sim = Q.QueueSim(1, 1, 1, inv, np.zeros(5), fp, ps=False, uplink=False, n_measured=1)
+        a = [0.0, 0.5] if with_transfer else [0.5]
+        k = len(a)
+        bf = [100.0, 10.0] if with_transfer else [10.0]
+        sim.feed(np.array(a), np.zeros(k, np.int64), np.array([-1, 0] if with_transfer else [0]), np.zeros(k),
+                 np.zeros(k), np.array(bf), np.array(bf).reshape(k, 1), np.ones((k, 1)), np.zeros(k), np.zeros(k),
+                 np.full(k, 10.0), np.zeros(k), np.zeros(k), np.zeros(k), final=True,
+                 transfer=np.array([True, False]) if with_transfer else None)
+        return sim
+    assert run(False).ttft[0] == pytest.approx(0.1, abs=1e-12)
+    assert run(True).ttft[0] == pytest.approx(0.6, abs=1e-12)
+    assert run(True).branches[Q.B_RESTORE] == 1

@@ -72,7 +72,8 @@ def twin_run(trace, cfg):
         block_tokens=trace.meta.block_tokens, prefix_aware=sysc.eviction == "prefix-aware",
         dram=sysc.dram // BPT, local=sysc.local_ssd // BPT, flash=sysc.flash // BPT,
         policy=POLICY_NAMES[sysc.policy], param=policy.param, promotion=sysc.promotion,
-        write_through=sysc.write_mode == "write-through", first_measured=0, sketch_width=_width(trace, cfg))
+        write_through=sysc.write_mode == "write-through", first_measured=0, sketch_width=_width(trace, cfg),
+        flops=MODEL.flops_coefficients())
 
 
 def _width(trace, cfg) -> int:
@@ -113,6 +114,50 @@ EVENTS = [
     [{"kind": "ttl", "at": 0, "dram": "20s", "local_ssd": "1min", "shared_flash": "3min", "sweep": "5s"}],
     [{"kind": "ttl", "at": "50%", "dram": "2min", "sweep": "17s"}, {"kind": "restored", "at": "70%"}],
 ]
+
+
+PREWARMS = [
+    [{"kind": "restored", "at": "40%"}, {"kind": "prewarm", "at": "40%", "gbps": 0.5}],
+    [{"kind": "cold-start", "at": "30%"}, {"kind": "prewarm", "at": "50%", "gbps": 2, "limit": 0.5}],
+    [{"kind": "catalog-outage", "at": "30%", "duration": "3min"},
+     {"kind": "prewarm", "at": "60%", "gbps": 1, "horizon": "2min"}],
+    [{"kind": "target-loss", "at": "20%", "target": 1}, {"kind": "prewarm", "at": "25%", "gbps": 0.2},
+     {"kind": "ttl", "at": "50%", "dram": "1min", "sweep": "7s"}],
+    [{"kind": "rollout", "at": "30%", "share": 0.6, "ramp": "2min"}, {"kind": "migration", "at": "40%", "share": 0.5},
+     {"kind": "restored", "at": "70%"}, {"kind": "prewarm", "at": "70%", "gbps": 1},
+     {"kind": "prewarm", "at": "85%", "gbps": 3, "limit": 2}],
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("order", ["value", "recency", "scan"])
+@pytest.mark.parametrize("events", PREWARMS, ids=lambda e: "+".join(x["kind"] for x in e))
+def test_prewarm_equals_twin(seed, order, events):
+    """Prewarming (every order, budgets that land over many requests, limits, a second
+    prewarm, with the other events around it) equals the twin access by access, and
+    its figures."""
+    rng = np.random.default_rng(100 + seed)
+    trace = small_trace(80, seed)
+    total = int(np.asarray(trace.block_size).sum())
+    system = {
+        "dram": _bytes(int(rng.integers(max(1, total // 30), max(2, total // 8)))),
+        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
+        "flash": _bytes(int(rng.integers(total // 4, max(2, total // 2)))),
+        "nodes": int(rng.integers(2, 4)),
+        "policy": str(rng.choice(["all", "all", "second-hit", "tinylfu"])),
+        "promotion": str(rng.choice(["promote", "copy"])),
+        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
+        "flash_order": str(rng.choice(["lru", "fifo"])),
+        "eviction": str(rng.choice(["prefix-aware", "flat"])),
+    }
+    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    events = [{**e, "order": order} if e["kind"] == "prewarm" else e for e in events]
+    cfg = config(system, events, load={"flash_targets": 3})
+    _, out, _ = compiled(trace, cfg)
+    _, want = assert_equal_to_twin(trace, cfg)
+    if events[0]["kind"] == "restored" and system["policy"] == "all":  # DRAM's evicted blocks are below
+        assert want["prewarm"]["prewarm_groups"] > 0
+    assert out.prewarm == {k: (int(v) if k == "prewarm_groups" else float(v)) for k, v in want["prewarm"].items()}
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -168,7 +213,7 @@ def _plain(trace, system=SYSTEM):
 @pytest.mark.parametrize("event", [
     {"kind": "cold-start"}, {"kind": "restored"}, {"kind": "target-loss"},
     {"kind": "catalog-outage", "duration": 60}, {"kind": "migration"}, {"kind": "rollout", "retire_gbps": 5},
-    {"kind": "ttl", "dram": 1, "shared_flash": 1},
+    {"kind": "ttl", "dram": 1, "shared_flash": 1}, {"kind": "prewarm", "gbps": 1},
 ])
 def test_event_after_the_trace_end_is_the_plain_run(chat, event):
     span = float(chat.request_timestamp[-1] - chat.request_timestamp[0])
@@ -299,8 +344,9 @@ def test_the_example_file_is_valid():
 
     cfg = load_scenario(Path(__file__).resolve().parents[1] / "sample_traces" / "scenario.example.toml")
     kinds = {e.kind for s in cfg.scenario for e in s.event}
-    assert kinds == {"cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl",
-                     "prestage", "congestion"}
+    from kvtrace.analyses.scenario import EVENT_KINDS
+
+    assert kinds == set(EVENT_KINDS)  # the example shows every kind
 
 
 # --------------------------------------------------------------------------- the command
@@ -323,14 +369,15 @@ def test_command_writes_every_output_and_prints_the_table(tmp_path):
     table = pl.read_parquet(d / "t.parquet")
     doc = json.loads((d / "s.json").read_text())
     assert table["scenario"].to_list() == [r["scenario"] for r in doc["scenarios"]]
-    assert table["scenario"][0] == "plain" and table.height == 11
-    assert "prestaging: what the prefetches moved" in res.stdout
+    assert table["scenario"][0] == "plain" and table.height == 13
+    assert "prestaging: what the prefetches moved" in res.stdout and "prewarming: what it moved" in res.stdout
     assert table.filter(pl.col("prefetch_requests").is_not_null()).height == 2
+    assert table.filter(pl.col("prewarm_bytes").is_not_null()).height == 2
     tl = pl.read_csv(d / "tl.csv")
     assert set(tl["scenario"].unique()) == set(table["scenario"])
     md = (d / "r.md").read_text()
     assert md.startswith("# kvtrace scenario: mixed.parquet") and "data:image/svg+xml;base64," in md
-    assert "## Prestaging" in md
+    assert "## Prestaging" in md and "## Prewarming" in md
 
 
 @pytest.mark.parametrize("body, needle", [
@@ -393,7 +440,7 @@ def test_prestage_equals_twin(seed, predictor):
         "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
         "flash": _bytes(int(rng.integers(1, max(2, total)))),
         "nodes": int(rng.integers(1, 3)),
-        "policy": str(rng.choice(["all", "second-hit", "tinylfu"])),
+        "policy": str(rng.choice(["all", "all", "second-hit", "tinylfu"])),
         "promotion": str(rng.choice(["promote", "copy"])),
         "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
         "flash_order": str(rng.choice(["lru", "fifo"])),
@@ -548,3 +595,54 @@ def test_congestion_file_errors():
     with pytest.raises(KvtraceError, match="resource"):
         scenario_from_dict({**base, "scenario": [{"name": "x", "event": [
             {"kind": "congestion", "at": 0, "duration": 5, "resource": "gpu"}]}]})
+
+
+# --------------------------------------------------------------------------- prewarming
+def test_an_instant_prewarm_after_a_restart_turns_flash_reads_into_dram_reads(chat):
+    """One node, DRAM lost at request r, prewarmed at once (a budget that lands before
+    request r): nothing is evicted (at most DRAM's capacity moves into an empty DRAM), so
+    at request r every access the restart alone served from the flash is served from
+    DRAM or the flash, every miss stays a miss, and some flash reads became DRAM reads."""
+    sys_ = {"dram": "48GiB", "flash": "100TiB", "nodes": 1}
+    plain, _, _ = compiled(chat, config(sys_, []))
+    # a request that read the flash in the plain run: a restart keeps those blocks there
+    r = next(r for r in range(250, chat.n_requests)
+             if (plain[int(chat.req_start[r]):int(chat.req_start[r + 1])] & 3 == K.FLASH).any())
+    t = float(chat.request_timestamp[r] - chat.request_timestamp[0]) - 1e-3
+    lo, hi = int(chat.req_start[r]), int(chat.req_start[r + 1])
+    dec0, _, _ = compiled(chat, config(sys_, [{"kind": "restored", "at": t}]))
+    for order in ("value", "recency", "scan"):
+        dec, out, _ = compiled(chat, config(sys_, [{"kind": "restored", "at": t},
+                                                  {"kind": "prewarm", "at": t, "gbps": 1e9, "order": order}]))
+        npt.assert_array_equal(dec[:lo], dec0[:lo])
+        a, b = dec0[lo:hi] & 3, dec[lo:hi] & 3
+        assert ((a == K.MISS) == (b == K.MISS)).all()
+        assert np.isin(b[a == K.FLASH], [K.DRAM, K.FLASH]).all()
+        assert out.prewarm["prewarm_groups"] == 1 and out.prewarm["moved_tokens"] > 0
+        assert out.prewarm["moved_tokens"] <= 48 * 2**30 // BPT
+        if order == "value":  # request r's blocks are worth the most: it reads them all from DRAM
+            assert (b[a == K.FLASH] == K.DRAM).all() and (a == K.FLASH).any()
+
+
+def test_prewarm_moves_load_the_links_and_are_reported(chat):
+    """The prewarm's reads are the load model's transfers: their bytes are the bytes it
+    moved, they show in the timeline, and they queue with the requests' flash reads."""
+    span = float(chat.request_timestamp[-1] - chat.request_timestamp[0])
+    cfg = scenario_from_dict({
+        "system": {"dram": "32GiB", "flash": "100TiB", "nodes": 2}, "load": {"flash_targets": 2, "flash_pool_gbps": 20},
+        "run": {"bin": span / 20},
+        "scenario": [{"name": "restored", "event": [{"kind": "restored", "at": "50%"}]},
+                     {"name": "prewarmed", "event": [{"kind": "restored", "at": "50%"},
+                                                     {"kind": "prewarm", "at": "50%", "gbps": 20, "limit": 2}]}]})
+    res = run_scenarios(chat, cfg, model=MODEL, gpu=GPU, response=RESPONSE)
+    row = {r["scenario"]: r for r in res.table.to_dicts()}
+    pw = row["prewarmed"]
+    assert pw["prewarm_bytes"] > 0 and pw["background_read_bytes"] == pytest.approx(pw["prewarm_bytes"], rel=1e-12)
+    assert row["restored"]["background_read_bytes"] == 0 and row["restored"]["prewarm_bytes"] is None
+    assert 0 <= pw["prewarm_useful_share"] <= 1
+    tl = res.timeline.filter(pl.col("scenario") == "prewarmed")
+    assert tl["background_read_bytes"].sum() == pytest.approx(pw["background_read_bytes"], rel=1e-12)
+    assert (tl["background_read_bytes"] > 0).sum() >= 1
+    assert pw["ttft_p99_recovery_ms"] is not None and row["plain"]["ttft_p99_recovery_ms"] is None
+    ev = res.events.filter(pl.col("kind") == "prewarm")
+    assert ev.height == 1 and "prewarm by value at 20 GB/s per node" in ev["text"][0]

@@ -452,6 +452,13 @@ _SCENARIO = {
                                          "issued that were read from DRAM thanks to a prefetch"),
     "prefetch_dram_byte_seconds": ("byte-s", "DRAM held by useful prefetched blocks from landing to their read"),
     "prefetch_displaced_bytes": ("bytes", "DRAM bytes the prefetches evicted"),
+    "prewarm_bytes": ("bytes", "bytes the prewarms moved from a tier below into DRAM (measured window)"),
+    "prewarm_useful_share": ("share", "of those, the bytes whose next access read them from DRAM"),
+    "prewarm_displaced_bytes": ("bytes", "DRAM bytes the prewarms evicted"),
+    "background_read_bytes": ("bytes", "bytes the prefetches and prewarms read from the local SSDs and the shared "
+                                       "flash (queued on the load model's links with the requests' reads)"),
+    "ttft_p99_recovery_ms": ("ms", "p99 TTFT of the measured requests from the first event until recovered (to the "
+                                   "trace's end if not; null if unfinished requests reach the p99)"),
     "dropped_blocks": ("blocks", "blocks the events deleted from the tiers (a block once per tier)"),
     "dropped_bytes": ("bytes", "their bytes"),
 }
@@ -465,9 +472,12 @@ _SCENARIO_TIMELINE = {
     "flash_read_bytes": _LOAD["flash_read_bytes"],
     **{f"{t}_read_share": _SCENARIO[f"{t}_read_share"] for t in ("dram", "local", "flash")},
     "flash_write_bytes": _SCENARIO["flash_write_bytes"], "local_write_bytes": _SCENARIO["local_write_bytes"],
+    "background_read_bytes": ("bytes", "bytes the prefetches and prewarms starting in the bin read from the tiers "
+                                       "below DRAM"),
     "recompute_gpu_seconds": _SCENARIO["recompute_gpu_seconds"],
     "prefill_gpu_seconds": _SCENARIO["prefill_gpu_seconds"],
-    "util_flash_offered": ("utilisation", "flash bytes read and written in the bin / what the pool moves in a bin"),
+    "util_flash_offered": ("utilisation", "flash bytes read (by requests and by background moves) and written in "
+                                          "the bin / what the pool moves in a bin"),
     "util_gpu_offered": ("utilisation", "prefill GPU-seconds arriving in the bin / GPU-seconds of every node's "
                                         "GPUs in a bin"),
     "ttft_p50_ms": _TTFT["ttft_p50_ms"], "ttft_p99_ms": _TTFT["ttft_p99_ms"],
@@ -477,8 +487,8 @@ _SCENARIO_TIMELINE = {
 _SCENARIO_EVENTS = {
     "scenario": _SCENARIO["scenario"],
     "event": ("id", "the event's index in its scenario"),
-    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout, ttl, prestage or "
-                     "congestion"),
+    "kind": ("text", "cold-start, restored, migration, target-loss, catalog-outage, rollout, ttl, prestage, "
+                     "congestion or prewarm"),
     "text": ("text", "the event in words"),
     "at_s": ("s", "its time, after the trace's first request"),
     "first_request": ("id", "the first request at or after it (null: after the last)"),

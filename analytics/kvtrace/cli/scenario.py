@@ -98,7 +98,7 @@ def scenario(
 
 
 def _render(trace_path: Path, result, elapsed: float) -> None:
-    from kvtrace.results.scenario_report import TERMINAL, prefetch_rows, table_rows
+    from kvtrace.results.scenario_report import TERMINAL, prefetch_rows, prewarm_rows, table_rows
 
     head, rows = table_rows(result.table, TERMINAL)
     t = Table(title=f"{trace_path.name}: scenarios side by side")
@@ -107,14 +107,17 @@ def _render(trace_path: Path, result, elapsed: float) -> None:
     for row in rows:
         t.add_row(*row)
     console.print(t)
-    head, rows = prefetch_rows(result.table)
-    if rows:
-        t = Table(title="prestaging: what the prefetches moved and what they bought")
-        for h in head:
-            t.add_column(h, justify="left" if h == "scenario" else "right")
-        for row in rows:
-            t.add_row(*row)
-        console.print(t)
+    for (head, rows), title in ((prefetch_rows(result.table), "prestaging: what the prefetches moved and what "
+                                                               "they bought"),
+                                (prewarm_rows(result.table), "prewarming: what it moved, what it bought, what the "
+                                                             "foreground paid")):
+        if rows:
+            t = Table(title=title)
+            for h in head:
+                t.add_column(h, justify="left" if h == "scenario" else "right")
+            for row in rows:
+                t.add_row(*row)
+            console.print(t)
     for ev in result.events.to_dicts():
         when = "never (after the trace's end)" if ev.get("first_request") is None else \
             f"before request {ev['first_request']:,}"

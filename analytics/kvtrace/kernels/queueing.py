@@ -65,6 +65,13 @@ rest ``s_rest``, ``k_rest`` and of recomputing the flash part instead ``s_fl``,
    wf * write`` (the write budget, seconds per byte; 0 = none), as jobs of ``wf / T``
    on each target, ``wf`` on the NIC and on the uplink.
 
+A *transfer* (a background move into a node's DRAM: a prefetch, a prewarm) is an
+input row of its own, in the same arrival order, flagged ``transfer``: at ``a``, with
+no route delay, slot or GPU work, jobs in this order: local SSD ``bl`` if ``bl > 0``;
+target t ``bft[t]`` (reads ``rft[t]``) for each t with ``bft[t] > 0``; NIC ``bf`` then
+uplink ``bf`` if ``bf > 0``. Like the background writes it loads the links and counts
+in their figures, but has no TTFT, branch, bytes read or queue-wait sample.
+
 Events and their order
 ----------------------
 Every stage entry is an event ``(time, seq)`` on one heap, ``seq`` counting pushes, so
@@ -100,253 +107,28 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels import event_heap
 from kvtrace.kernels.event_heap import pop as _pop, push as _push
-
-# station types (wait histograms, utilisation by resource)
-HOST, NIC, LOCAL_SSD, FLASH, UPLINK, GPU = 0, 1, 2, 3, 4, 5
-STATION_TYPES = ("host_link", "nic", "local_ssd", "flash", "uplink", "gpu")
-#: wait histogram: bin 0 = no wait, bin i = (1e-6 x 2**((i-1)/64), 1e-6 x 2**(i/64)] s
-WAIT_BINS_PER_OCTAVE = 64
-WAIT_BIN0_S = 1e-6
-N_WAIT_BINS = 2 + WAIT_BINS_PER_OCTAVE * 48
-
-# float parameters
-FP_ROUTE, FP_DRAM_FIXED, FP_FLASH_FIXED, FP_CLIENT_S_PER_B, FP_WRITE_S_PER_B, FP_OVERLAP, FP_PASS, FP_DECODE, \
-    FP_MAX_WAIT, FP_W0, FP_W1, FP_BATCH_TOKENS = range(12)
-N_FP = 12
-# int parameters
-IP_NODES, IP_TARGETS, IP_GPUS, IP_PS, IP_UPLINK = range(5)
-N_IP = 5
-
-# events
-EV_DRAM, EV_TIER, EV_RESTORED, EV_GPU_A, EV_LINK_DONE, EV_CLIENT, EV_PS, EV_BATCH_END, EV_WRITE = range(9)
-
-# request slot fields: float
-QA, QT1, QBD, QBL, QBF, QS, QK, QSA, QWL, QWF = range(10)
-N_QF = 10
-# request slot fields: int
-QI_NODE, QI_MEAS, QI_JOIN, QI_GPU_JOIN, QI_RESTORE, QI_STAGE = range(6)
-N_QI = 6
-
-# job fields: float / int
-JW, JK, JT, JTAG = range(4)
-N_JF = 4
-JI_SLOT, JI_PART, JI_STATION, JI_NEXT = range(4)
-N_JI = 4
-PART_ONLY, PART_A, PART_B = 0, 1, 2
-
-# station fields: float
-SF_FREE, SF_V, SF_VT, SF_N, SF_LAST, SF_AREA, SF_BUSY, SF_BUSY_START, SF_JOBS, SF_SOJOURN, SF_WORK = range(11)
-# a link's congestion window: from CW0 to CW1 it serves at CWX times its rate (1: no window)
-SF_CW0, SF_CW1, SF_CWX = 11, 12, 13
-N_SF = 14
-# station fields: int
-SI_HEAD, SI_TAIL, SI_VERSION = range(3)
-N_SI = 3
-
-# run counters
-C_HEAP, C_SEQ, C_FREE_SLOTS, C_FREE_JOBS, C_STATUS, C_OVER_STATION, C_INFLIGHT, C_DONE = range(8)
-N_C = 8
-# outcomes: float
-O_OVER_FROM, O_OVER_AT, O_BYTES_D, O_BYTES_L, O_BYTES_F, O_LAST_T, O_PACER = range(7)
-N_O = 7
-# branches of measured requests
-B_NONE, B_RESTORE, B_RECOMPUTE = range(3)
-
-RUNNING, GROW, OVERLOADED = 0, 1, 2
-assert (C_HEAP, C_SEQ) == (event_heap.SIZE, event_heap.SEQ)  # the heap's counters in ``cnt``
-
-
-@njit(**NJIT)
-def _overlap(a, b, w0, w1):
-    lo = a if a > w0 else w0
-    hi = b if b < w1 else w1
-    return hi - lo if hi > lo else 0.0
-
-
-@njit(**NJIT)
-def _wait_bin(w):
-    if w <= 0.0:
-        return 0
-    i = int(math.ceil(WAIT_BINS_PER_OCTAVE * math.log2(w / WAIT_BIN0_S)))
-    if i < 1:
-        return 1
-    return i if i < N_WAIT_BINS else N_WAIT_BINS - 1
-
-
-@njit(**NJIT)
-def _count(sf, s, now, delta, fp):
-    """Jobs present at station s change by ``delta`` at ``now``: the integral first."""
-    sf[s, SF_AREA] += sf[s, SF_N] * _overlap(sf[s, SF_LAST], now, fp[FP_W0], fp[FP_W1])
-    sf[s, SF_LAST] = now
-    sf[s, SF_N] += delta
-
-
-@njit(**NJIT)
-def _overload(cnt, out, s, since, now):
-    if cnt[C_STATUS] != OVERLOADED:
-        cnt[C_STATUS] = OVERLOADED
-        cnt[C_OVER_STATION] = s
-        out[O_OVER_FROM] = since
-        out[O_OVER_AT] = now
-
-
-@njit(**NJIT)
-def _finish_at(sf, s, t, w):
-    """When link s, serving from ``t``, has done ``w`` seconds of work at its full rate
-    (``x`` times that rate in its congestion window ``[CW0, CW1)``)."""
-    x = sf[s, SF_CWX]
-    if x == 1.0:
-        return t + w
-    c0, c1 = sf[s, SF_CW0], sf[s, SF_CW1]
-    if t < c0:
-        cap = c0 - t
-        if w <= cap:
-            return t + w
-        w -= cap
-        t = c0
-    if t < c1:
-        cap = (c1 - t) * x
-        if w <= cap:
-            return t + (w / x if x > 0.0 else 0.0)
-        w -= cap
-        t = c1
-    return t + w
-
-
-@njit(**NJIT)
-def _served(sf, s, t0, t1):
-    """Full-rate work link s serves over ``[t0, t1]``."""
-    d = t1 - t0
-    x = sf[s, SF_CWX]
-    if x == 1.0:
-        return d
-    lo = t0 if t0 > sf[s, SF_CW0] else sf[s, SF_CW0]
-    hi = t1 if t1 < sf[s, SF_CW1] else sf[s, SF_CW1]
-    if hi > lo:
-        d -= (1.0 - x) * (hi - lo)
-    return d
-
-
-@njit(**NJIT)
-def _ps_advance(sf, s, now):
-    n = sf[s, SF_N]
-    if n > 0:
-        sf[s, SF_V] += _served(sf, s, sf[s, SF_VT], now) / n
-    sf[s, SF_VT] = now
-
-
-@njit(**NJIT)
-def _ps_next(sf, si, jf, ji, s, now, ht, hs, hk, ha, hb, hx, cnt):
-    """Push station s's next departure (superseding any earlier one)."""
-    si[s, SI_VERSION] += 1
-    j = si[s, SI_HEAD]
-    best = -1
-    while j >= 0:
-        if best < 0 or jf[j, JTAG] < jf[best, JTAG]:
-            best = j
-        j = ji[j, JI_NEXT]
-    if best >= 0:
-        left = jf[best, JTAG] - sf[s, SF_V]
-        if left < 0.0:
-            left = 0.0
-        _push(ht, hs, hk, ha, hb, hx, cnt, _finish_at(sf, s, now, left * sf[s, SF_N]), EV_PS, s,
-              si[s, SI_VERSION], 0.0)
-
-
-@njit(**NJIT)
-def _unfinished(sf, si, jf, ji, s, now, ps):
-    """Work (seconds) station s holds at ``now``."""
-    if ps:
-        n = sf[s, SF_N]
-        v = sf[s, SF_V] + (_served(sf, s, sf[s, SF_VT], now) / n if n > 0 else 0.0)
-        u = 0.0
-        j = si[s, SI_HEAD]
-        while j >= 0:
-            left = jf[j, JTAG] - v
-            if left > 0.0:
-                u += left
-            j = ji[j, JI_NEXT]
-        return u
-    u = sf[s, SF_FREE] - now
-    return u if u > 0.0 else 0.0
-
-
-@njit(**NJIT)
-def _predicted(sf, si, jf, ji, s, a, ps, w):
-    """Seconds from ``a`` until link s would finish a job of ``w`` arriving at ``a``: the
-    work it holds, then this job (FCFS: its finish; PS: the held work and this job served
-    back to back, the restore deadline's estimate), through its congestion window."""
-    if sf[s, SF_CWX] == 1.0:
-        return _unfinished(sf, si, jf, ji, s, a, ps) + w
-    if ps:
-        return _finish_at(sf, s, a, _unfinished(sf, si, jf, ji, s, a, True) + w) - a
-    free = sf[s, SF_FREE]
-    return _finish_at(sf, s, free if free > a else a, w) - a
-
-
-@njit(**NJIT)
-def _link_job(s, work, slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
-              ht, hs, hk, ha, hb, hx):
-    """A job of ``work`` seconds arrives at link s (``slot`` -1: a background write)."""
-    if not work < math.inf:
-        _overload(cnt, out, s, now, now)
-        return
-    w0, w1 = fp[FP_W0], fp[FP_W1]
-    in_w = now >= w0 and now <= w1
-    if ps:
-        _ps_advance(sf, s, now)
-        if sf[s, SF_N] == 0:
-            sf[s, SF_BUSY_START] = now
-        _count(sf, s, now, 1.0, fp)
-        top = cnt[C_FREE_JOBS] - 1
-        cnt[C_FREE_JOBS] = top
-        j = job_free[top]
-        jf[j, JW] = work
-        jf[j, JT] = now
-        jf[j, JTAG] = sf[s, SF_V] + work
-        ji[j, JI_SLOT] = slot
-        ji[j, JI_PART] = meas
-        ji[j, JI_STATION] = s
-        ji[j, JI_NEXT] = -1
-        if si[s, SI_HEAD] < 0:  # append: the list keeps arrival order
-            si[s, SI_HEAD] = j
-        else:
-            ji[si[s, SI_TAIL], JI_NEXT] = j
-        si[s, SI_TAIL] = j
-        if _unfinished(sf, si, jf, ji, s, now, True) > fp[FP_MAX_WAIT]:
-            _overload(cnt, out, s, sf[s, SF_BUSY_START], now)
-        _ps_next(sf, si, jf, ji, s, now, ht, hs, hk, ha, hb, hx, cnt)
-        return
-    free = sf[s, SF_FREE]
-    if free <= now:
-        sf[s, SF_BUSY_START] = now
-        start = now
-    else:
-        start = free
-    finish = _finish_at(sf, s, start, work)
-    sf[s, SF_FREE] = finish
-    sf[s, SF_BUSY] += _overlap(start, finish, w0, w1)
-    _count(sf, s, now, 1.0, fp)
-    if in_w:
-        sf[s, SF_JOBS] += 1.0
-        sf[s, SF_SOJOURN] += finish - now
-        sf[s, SF_WORK] += work
-    if slot >= 0 and meas:
-        whist[stype[s], _wait_bin(start - now)] += 1
-    if start - now > fp[FP_MAX_WAIT]:
-        _overload(cnt, out, s, sf[s, SF_BUSY_START], now)
-    _push(ht, hs, hk, ha, hb, hx, cnt, finish, EV_LINK_DONE, slot, s, 0.0)
+from kvtrace.kernels.queue_links import (  # noqa: F401  (the record layouts are this module's too)
+    FP_ROUTE, FP_DRAM_FIXED, FP_FLASH_FIXED, FP_CLIENT_S_PER_B, FP_WRITE_S_PER_B, FP_OVERLAP, FP_PASS, FP_DECODE,
+    FP_MAX_WAIT, FP_W0, FP_W1, FP_BATCH_TOKENS,
+    HOST, NIC, LOCAL_SSD, FLASH, UPLINK, GPU, STATION_TYPES, WAIT_BINS_PER_OCTAVE, WAIT_BIN0_S, N_WAIT_BINS, N_FP,
+    IP_NODES, IP_TARGETS, IP_GPUS, IP_PS, IP_UPLINK, N_IP, EV_DRAM, EV_TIER, EV_RESTORED, EV_GPU_A, EV_LINK_DONE,
+    EV_CLIENT, EV_PS, EV_BATCH_END, EV_WRITE, QA, QT1, QBD, QBL, QBF, QS, QK, QSA, QWL, QWF, N_QF, QI_NODE, QI_MEAS,
+    QI_JOIN, QI_GPU_JOIN, QI_RESTORE, QI_STAGE, N_QI, JW, JK, JT, JTAG, N_JF, JI_SLOT, JI_PART, JI_STATION, JI_NEXT,
+    N_JI, PART_ONLY, PART_A, PART_B, SF_FREE, SF_V, SF_VT, SF_N, SF_LAST, SF_AREA, SF_BUSY, SF_BUSY_START, SF_JOBS,
+    SF_SOJOURN, SF_WORK, SF_CW0, SF_CW1, SF_CWX, N_SF, SI_HEAD, SI_TAIL, SI_VERSION, N_SI, C_HEAP, C_SEQ,
+    C_FREE_SLOTS, C_FREE_JOBS, C_STATUS, C_OVER_STATION, C_INFLIGHT, C_DONE, N_C, O_OVER_FROM, O_OVER_AT, O_BYTES_D,
+    O_BYTES_L, O_BYTES_F, O_LAST_T, O_PACER, N_O, B_NONE, B_RESTORE, B_RECOMPUTE, RUNNING, GROW, OVERLOADED, overlap,
+    wait_bin, count, overload, finish_at, served, ps_advance, ps_next, unfinished, predicted, link_job)
 
 
 @njit(**NJIT)
 def _gpu_job(node, slot, part, work, tokens, now, NL, fp, ip, cnt, out, sf, si, jf, ji, job_free, gsrv, gstart):
     s = NL + node
     if ip[IP_GPUS] == 0 or not work < math.inf:
-        _overload(cnt, out, s, now, now)
+        overload(cnt, out, s, now, now)
         return
-    _count(sf, s, now, 1.0, fp)
+    count(sf, s, now, 1.0, fp)
     top = cnt[C_FREE_JOBS] - 1
     cnt[C_FREE_JOBS] = top
     j = job_free[top]
@@ -398,7 +180,7 @@ def _start_batches(node, now, NL, fp, ip, cnt, out, sf, si, jf, ji, qi, gsrv, gs
         finish = now + (fp[FP_PASS] + work)
         gsrv[node, k] = first
         gstart[node, k] = now
-        sf[s, SF_BUSY] += _overlap(now, finish, w0, w1)
+        sf[s, SF_BUSY] += overlap(now, finish, w0, w1)
         j = first
         while j >= 0:
             t = jf[j, JT]
@@ -407,9 +189,9 @@ def _start_batches(node, now, NL, fp, ip, cnt, out, sf, si, jf, ji, qi, gsrv, gs
                 sf[s, SF_SOJOURN] += finish - t
                 sf[s, SF_WORK] += jf[j, JW]
             if qi[ji[j, JI_SLOT], QI_MEAS]:
-                whist[GPU, _wait_bin(now - t)] += 1
+                whist[GPU, wait_bin(now - t)] += 1
             if now - t > fp[FP_MAX_WAIT]:
-                _overload(cnt, out, s, sf[s, SF_BUSY_START], now)
+                overload(cnt, out, s, sf[s, SF_BUSY_START], now)
             j = ji[j, JI_NEXT]
         _push(ht, hs, hk, ha, hb, hx, cnt, finish, EV_BATCH_END, node, k, 0.0)
 
@@ -426,7 +208,7 @@ def _finish(slot, now, fp, ip, cnt, out, ttft, qf, qi, qrid, slot_free, sf, si, 
     n = qi[slot, QI_NODE]
     if qf[slot, QWL] > 0:
         s = 2 * N + n
-        _link_job(s, qf[slot, QWL] * inv_b[s], -1, now, 0, stype, ip[IP_PS] != 0, fp, cnt, out, sf, si, jf, ji,
+        link_job(s, qf[slot, QWL] * inv_b[s], -1, now, 0, stype, ip[IP_PS] != 0, fp, cnt, out, sf, si, jf, ji,
                   job_free, whist, ht, hs, hk, ha, hb, hx)
     wf = qf[slot, QWF]
     if wf > 0:
@@ -440,7 +222,30 @@ def _finish(slot, now, fp, ip, cnt, out, ttft, qf, qi, qrid, slot_free, sf, si, 
 
 
 @njit(**NJIT)
-def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, kfl_, wl_, wf_, start,
+def _transfer(n, now, bl, bf, bft, rft, N, T, ps, fp, ip, stype, inv_b, inv_io, cnt, out, sf, si, jf, ji, job_free,
+              whist, ht, hs, hk, ha, hb, hx):
+    """A transfer's jobs (the module docstring), all issued at ``now``."""
+    if bl > 0:
+        s = 2 * N + n
+        link_job(s, bl * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
+                 ht, hs, hk, ha, hb, hx)
+    for t in range(T):
+        if bft[t] > 0:
+            s = 3 * N + t
+            link_job(s, max(bft[t] * inv_b[s], rft[t] * inv_io[s]), -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf,
+                     ji, job_free, whist, ht, hs, hk, ha, hb, hx)
+    if bf > 0:
+        s = N + n
+        link_job(s, bf * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
+                 ht, hs, hk, ha, hb, hx)
+        if ip[IP_UPLINK]:
+            s = 3 * N + T
+            link_job(s, bf * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
+                     ht, hs, hk, ha, hb, hx)
+
+
+@njit(**NJIT)
+def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, kfl_, wl_, wf_, tr_, start,
          fp, ip, stype, inv_b, inv_io, cnt, out, branches, ttft, whist,
          ht, hs, hk, ha, hb, hx, qf, qi, qtb, qrid, slot_free, jf, ji, job_free, sf, si, gsrv, gstart, final):
     """Run the requests ``start..`` of a batch (then, with ``final``, every remaining
@@ -471,12 +276,12 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
             if kind == EV_LINK_DONE or kind == EV_CLIENT or kind == EV_PS:
                 slot = ea
                 if kind == EV_LINK_DONE:
-                    _count(sf, eb, now, -1.0, fp)
+                    count(sf, eb, now, -1.0, fp)
                 elif kind == EV_PS:
                     s = ea
                     if eb != si[s, SI_VERSION]:
                         continue
-                    _ps_advance(sf, s, now)
+                    ps_advance(sf, s, now)
                     best = -1
                     prev_best = -1
                     prev = -1
@@ -494,7 +299,7 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                         ji[prev_best, JI_NEXT] = nxt
                     if si[s, SI_TAIL] == best:
                         si[s, SI_TAIL] = prev_best
-                    _count(sf, s, now, -1.0, fp)
+                    count(sf, s, now, -1.0, fp)
                     t = jf[best, JT]
                     if t >= fp[FP_W0] and t <= fp[FP_W1]:
                         sf[s, SF_JOBS] += 1.0
@@ -502,13 +307,13 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                         sf[s, SF_WORK] += jf[best, JW]
                     slot = ji[best, JI_SLOT]
                     if slot >= 0 and ji[best, JI_PART]:
-                        whist[stype[s], _wait_bin(now - t - jf[best, JW])] += 1
+                        whist[stype[s], wait_bin(now - t - jf[best, JW])] += 1
                     if sf[s, SF_N] == 0:
-                        sf[s, SF_BUSY] += _overlap(sf[s, SF_BUSY_START], now, fp[FP_W0], fp[FP_W1])
+                        sf[s, SF_BUSY] += overlap(sf[s, SF_BUSY_START], now, fp[FP_W0], fp[FP_W1])
                     top = cnt[C_FREE_JOBS]
                     job_free[top] = best
                     cnt[C_FREE_JOBS] = top + 1
-                    _ps_next(sf, si, jf, ji, s, now, ht, hs, hk, ha, hb, hx, cnt)
+                    ps_next(sf, si, jf, ji, s, now, ht, hs, hk, ha, hb, hx, cnt)
                 if slot >= 0:
                     qi[slot, QI_JOIN] -= 1
                     if qi[slot, QI_JOIN] == 0:
@@ -521,7 +326,7 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                 qi[slot, QI_STAGE] = 1
                 qi[slot, QI_JOIN] = 1
                 n = qi[slot, QI_NODE]
-                _link_job(n, qf[slot, QBD] * inv_b[n], slot, now, qi[slot, QI_MEAS], stype, ps, fp, cnt, out, sf,
+                link_job(n, qf[slot, QBD] * inv_b[n], slot, now, qi[slot, QI_MEAS], stype, ps, fp, cnt, out, sf,
                           si, jf, ji, job_free, whist, ht, hs, hk, ha, hb, hx)
             elif kind == EV_TIER:
                 slot = ea
@@ -530,29 +335,29 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                 meas = qi[slot, QI_MEAS]
                 B = qf[slot, QBL] + qf[slot, QBF]
                 qi[slot, QI_JOIN] = 1
-                _link_job(n, B * inv_b[n], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
+                link_job(n, B * inv_b[n], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
                           whist, ht, hs, hk, ha, hb, hx)
                 if qf[slot, QBL] > 0:
                     qi[slot, QI_JOIN] += 1
                     s = 2 * N + n
-                    _link_job(s, qf[slot, QBL] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf,
+                    link_job(s, qf[slot, QBL] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf,
                               ji, job_free, whist, ht, hs, hk, ha, hb, hx)
                 for t in range(T):
                     if qtb[slot, t] > 0:
                         qi[slot, QI_JOIN] += 1
                         s = 3 * N + t
                         w = max(qtb[slot, t] * inv_b[s], qtb[slot, T + t] * inv_io[s])
-                        _link_job(s, w, slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
+                        link_job(s, w, slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
                                   ht, hs, hk, ha, hb, hx)
                 if qf[slot, QBF] > 0:
                     qi[slot, QI_JOIN] += 1
                     s = N + n
-                    _link_job(s, qf[slot, QBF] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf,
+                    link_job(s, qf[slot, QBF] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si, jf,
                               ji, job_free, whist, ht, hs, hk, ha, hb, hx)
                     if ip[IP_UPLINK]:
                         qi[slot, QI_JOIN] += 1
                         s = 3 * N + T
-                        _link_job(s, qf[slot, QBF] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si,
+                        link_job(s, qf[slot, QBF] * inv_b[s], slot, now, meas, stype, ps, fp, cnt, out, sf, si,
                                   jf, ji, job_free, whist, ht, hs, hk, ha, hb, hx)
                 qi[slot, QI_JOIN] += 1
                 _push(ht, hs, hk, ha, hb, hx, cnt, now + B * fp[FP_CLIENT_S_PER_B], EV_CLIENT, slot, 0, 0.0)
@@ -571,7 +376,7 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                 gsrv[node, k] = -1
                 while j >= 0:
                     nxt = ji[j, JI_NEXT]
-                    _count(sf, s, now, -1.0, fp)
+                    count(sf, s, now, -1.0, fp)
                     slot = ji[j, JI_SLOT]
                     part = ji[j, JI_PART]
                     top = cnt[C_FREE_JOBS]
@@ -592,14 +397,14 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
                 n = ea
                 for t in range(T):
                     s = 3 * N + t
-                    _link_job(s, ex / T * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
+                    link_job(s, ex / T * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
                               whist, ht, hs, hk, ha, hb, hx)
                 s = N + n
-                _link_job(s, ex * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
+                link_job(s, ex * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free, whist,
                           ht, hs, hk, ha, hb, hx)
                 if ip[IP_UPLINK]:
                     s = 3 * N + T
-                    _link_job(s, ex * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
+                    link_job(s, ex * inv_b[s], -1, now, 0, stype, ps, fp, cnt, out, sf, si, jf, ji, job_free,
                               whist, ht, hs, hk, ha, hb, hx)
             if done_slot >= 0:
                 slot = done_slot
@@ -622,9 +427,17 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
         if i >= m:
             return m
         # ---- the arrival of request i
-        if cnt[C_FREE_SLOTS] == 0 or cnt[C_HEAP] + 2 * cnt[C_INFLIGHT] + 4 * T + 64 + ip[IP_GPUS] > ht.shape[0]:
+        if cnt[C_FREE_SLOTS] == 0 or cnt[C_HEAP] + 2 * cnt[C_INFLIGHT] + 4 * T + 64 + ip[IP_GPUS] > ht.shape[0] or \
+                cnt[C_FREE_JOBS] < 2 * cnt[C_INFLIGHT] + 2 * T + 16:
             cnt[C_STATUS] = GROW
             return i
+        if tr_[i]:
+            _transfer(node_[i], a_[i], bl_[i], bf_[i], bft_[i], rft_[i], N, T, ps, fp, ip, stype, inv_b, inv_io, cnt,
+                      out, sf, si, jf, ji, job_free, whist, ht, hs, hk, ha, hb, hx)
+            if cnt[C_STATUS] == OVERLOADED:
+                return i
+            i += 1
+            continue
         top = cnt[C_FREE_SLOTS] - 1
         cnt[C_FREE_SLOTS] = top
         slot = slot_free[top]
@@ -651,24 +464,24 @@ def _run(a_, node_, meas_, rix_, bd_, bl_, bf_, bft_, rft_, srest_, kr_, sfl_, k
         restore = True
         if B > 0:
             best = B * fp[FP_CLIENT_S_PER_B]
-            w = _predicted(sf, si, jf, ji, n, a, ps, B * inv_b[n])
+            w = predicted(sf, si, jf, ji, n, a, ps, B * inv_b[n])
             best = w if w > best else best
             if bl > 0:
                 s = 2 * N + n
-                w = _predicted(sf, si, jf, ji, s, a, ps, bl * inv_b[s])
+                w = predicted(sf, si, jf, ji, s, a, ps, bl * inv_b[s])
                 best = w if w > best else best
             if bf > 0:
                 for t in range(T):
                     if bft_[i, t] > 0:
                         s = 3 * N + t
-                        w = _predicted(sf, si, jf, ji, s, a, ps, max(bft_[i, t] * inv_b[s], rft_[i, t] * inv_io[s]))
+                        w = predicted(sf, si, jf, ji, s, a, ps, max(bft_[i, t] * inv_b[s], rft_[i, t] * inv_io[s]))
                         best = w if w > best else best
                 s = N + n
-                w = _predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
+                w = predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
                 best = w if w > best else best
                 if ip[IP_UPLINK]:
                     s = 3 * N + T
-                    w = _predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
+                    w = predicted(sf, si, jf, ji, s, a, ps, bf * inv_b[s])
                     best = w if w > best else best
             restore = fp[FP_FLASH_FIXED] + best <= sfl_[i]
         qi[slot, QI_RESTORE] = restore
@@ -810,11 +623,13 @@ class QueueSim:
         return bool(self.cnt[C_STATUS] == OVERLOADED)
 
     def feed(self, arrival, node, measured_index, bd, bl, bf, bft, rft, s_rest, k_rest, s_fl, k_fl, wl, wf,
-             final: bool = False) -> None:
+             final: bool = False, transfer=None) -> None:
         """Requests in arrival order (after those of earlier calls): per-request arrays
-        (``bft``, ``rft``: [m, T]); ``measured_index`` -1 for a warm-up request. With
-        ``final`` the events left after the last arrival run too. A run that is
-        :attr:`overloaded` ignores what follows."""
+        (``bft``, ``rft``: [m, T]); ``measured_index`` -1 for a warm-up request;
+        ``transfer`` (bool[m], default none) flags the rows that are transfers (their
+        ``measured_index`` -1; only ``node, bl, bf, bft, rft`` are read). With ``final``
+        the events left after the last arrival run too. A run that is :attr:`overloaded`
+        ignores what follows."""
         if self.overloaded:
             return
         meas = (np.asarray(measured_index) >= 0).astype(np.int64)
@@ -823,6 +638,10 @@ class QueueSim:
         args += [np.ascontiguousarray(x, dtype=np.float64) for x in (bd, bl, bf)]
         args += [np.ascontiguousarray(x, dtype=np.float64).reshape(-1, self.T) for x in (bft, rft)]
         args += [np.ascontiguousarray(x, dtype=np.float64) for x in (s_rest, k_rest, s_fl, k_fl, wl, wf)]
+        m = args[0].shape[0]
+        args.append(np.zeros(m, dtype=np.bool_) if transfer is None else np.ascontiguousarray(transfer, np.bool_))
+        if transfer is not None and np.any(args[2][args[-1]]):
+            raise ValueError("a transfer is not measured: its measured_index is -1")
         i = 0
         while True:
             i = _run(*args, i, self.fp, self.ip, self.stype, self.inv_b, self.inv_io, self.cnt, self.out,

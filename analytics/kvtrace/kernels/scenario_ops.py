@@ -193,6 +193,28 @@ def read(block, decision, lo, hi, now, meas, absent, size, moved, landed, pf):
 
 
 @njit(**NJIT)
+def transfer_rows(block, decision, lrs, pick, size, T, bpt, out):
+    """The bytes a move into DRAM reads, per picked request of a fed run (``pick[s]``):
+    ``out[s, 0]`` from the local SSD (decision LOCAL), ``out[s, 1 + t]`` and reads
+    ``out[s, 1 + T + t]`` from flash target ``t = mix_hash(b, 0) % T`` (decision FLASH:
+    the placement of :mod:`kvtrace.analyses.load`); other rows are zero."""
+    for s in range(lrs.shape[0] - 1):
+        for c in range(out.shape[1]):
+            out[s, c] = 0.0
+        if not pick[s]:
+            continue
+        for i in range(lrs[s], lrs[s + 1]):
+            d = decision[i] & 3
+            b = block[i]
+            if d == 1:
+                out[s, 0] += np.float64(size[b]) * bpt
+            elif d == 2:
+                t = np.int64(mix_hash(np.uint64(b), 0) % np.uint64(T))
+                out[s, 1 + t] += np.float64(size[b]) * bpt
+                out[s, 1 + T + t] += 1.0
+
+
+@njit(**NJIT)
 def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absent, pf, meas_from):
     """Real requests ``r0..`` of a piece (:func:`read` each; ``absent`` per access of the
     piece; measured from request ``meas_from``)."""
@@ -204,4 +226,4 @@ def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absen
 
 __all__ = ["N_PF", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
            "PF_USEFUL", "account_requests", "drop_all", "drop_idle", "drop_namespace", "drop_target", "land",
-           "mark_absent", "present_prefix", "read"]
+           "mark_absent", "present_prefix", "read", "transfer_rows"]

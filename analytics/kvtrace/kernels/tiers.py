@@ -336,6 +336,23 @@ class TierSimulator:
         self.req_kind = np.zeros(n_req, dtype=np.int8)
         self.next_request = 0  # the next chunk starts here
 
+    def add_requests(self, n: int) -> None:
+        """Room for ``n`` more requests after the last (a scenario's fetches decided during
+        the replay; their time, quantum, node and kind are set before each is fed)."""
+        if n <= 0:
+            return
+        if self.req_cols is not None:
+            raise ValueError("requests are added only with chunk_columns")
+
+        def grown(a: np.ndarray, fill) -> np.ndarray:
+            return np.concatenate([a, np.full(n, fill, dtype=a.dtype)])
+
+        self.req_ts = grown(self.req_ts, self.req_ts[-1] if self.req_ts.shape[0] else 0.0)
+        self.req_tq = grown(self.req_tq, self.req_tq[-1] if self.req_tq.shape[0] else 0)
+        self.req_node, self.req_kind = grown(self.req_node, 0), grown(self.req_kind, 0)
+        self.req_group = grown(self.req_group, 0)
+        self.req_first, self.req_level = grown(self.req_first, MISS), grown(self.req_level, MISS)
+
     def _columns(self, n: int) -> np.ndarray:
         """float64[N_REQ_COLS, n] for the per-request outputs (every column of a request
         is written when it is fed)."""

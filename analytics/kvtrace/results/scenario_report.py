@@ -14,9 +14,10 @@ from kvtrace.units import format_bytes
 PANELS = (("prefix_token_hit_rate", "prefix-token hit rate"), ("prefill_gpu_seconds", "prefill GPU-s per bin"),
           ("ttft_p99_ms", "TTFT p99, ms"), ("util_flash_offered", "flash pool offered utilisation"))
 
-#: Line colours of the scenarios after the baseline (Tableau 10).
+#: Line colours of the scenarios after the baseline (Tableau 10, then Tableau 20's light shades).
 _PALETTE = ("#4e79a7", "#f28e2b", "#e15759", "#76b7b2", "#59a14f", "#edc948", "#b07aa1", "#ff9da7", "#9c755f",
-            "#bab0ac")
+            "#bab0ac", "#a0cbe8", "#ffbe7d", "#8cd17d", "#b6992d", "#499894", "#86bcb6", "#d37295", "#fabfd2",
+            "#d4a6c8")
 
 #: The side-by-side table: (column, heading, format).
 TABLE = (("scenario", "scenario", "s"), ("ttft_p50_ms", "TTFT p50 ms", "ms"), ("ttft_p99_ms", "TTFT p99 ms", "ms"),
@@ -64,10 +65,23 @@ PREFETCH = (("scenario", "scenario", "s"), ("prefetch_requests", "prefetches", "
             ("prefetch_dram_byte_seconds", "DRAM held", "Bs"), ("prefetch_displaced_bytes", "displaced", "B"))
 
 
-def prefetch_rows(table: pl.DataFrame) -> tuple[list[str], list[list[str]]]:
-    """Headings and formatted rows of the prestaging figures (no rows without a prestage event)."""
-    rows = [r for r in table.to_dicts() if r.get("prefetch_requests") is not None]
-    return [h for _, h, _ in PREFETCH], [[_fmt(r.get(c), k, r) for c, _, k in PREFETCH] for r in rows]
+#: The prewarming figures (rows with a prewarm event): (column, heading, format).
+PREWARM = (("scenario", "scenario", "s"), ("prewarm_bytes", "moved", "B"),
+           ("prewarm_useful_share", "read from DRAM", "%"), ("prewarm_displaced_bytes", "displaced", "B"),
+           ("background_read_bytes", "background reads", "B"), ("ttft_p99_recovery_ms", "TTFT p99 to recovery ms", "ms"),
+           ("wait_p99_flash_ms", "flash wait p99 ms", "ms"), ("recovered_after_s", "recovered after", "t"))
+
+
+def prefetch_rows(table: pl.DataFrame, spec=PREFETCH, key: str = "prefetch_requests"
+                  ) -> tuple[list[str], list[list[str]]]:
+    """Headings and formatted rows of the prestaging figures (no rows without a prestage
+    event; ``spec=PREWARM, key="prewarm_bytes"``: the prewarming figures)."""
+    rows = [r for r in table.to_dicts() if r.get(key) is not None]
+    return [h for _, h, _ in spec], [[_fmt(r.get(c), k, r) for c, _, k in spec] for r in rows]
+
+
+def prewarm_rows(table: pl.DataFrame) -> tuple[list[str], list[list[str]]]:
+    return prefetch_rows(table, PREWARM, "prewarm_bytes")
 
 
 #: The columns of :data:`TABLE` the terminal shows.
@@ -92,8 +106,9 @@ def timeline_chart(result) -> alt.VConcatChart:
     ev = result.events
     first = float(result.info.get("first_measured_s") or 0.0)
     rules = None
-    if ev.height and "at_s" in ev.columns:  # the events inside the measured window
-        rules = ev.filter(pl.col("at_s").is_not_null() & (pl.col("at_s") >= first)).select(
+    if ev.height and "at_s" in ev.columns:  # the events inside the measured window (or at its opening)
+        bin_s = float(result.info.get("bin_s") or 0.0)
+        rules = ev.filter(pl.col("at_s").is_not_null() & (pl.col("at_s") >= first - bin_s)).select(
             "scenario", "text", pl.col("at_s").alias("bin_start_s")).to_pandas()
     panels = []
     order = result.table["scenario"].to_list()  # the baseline first, in black
@@ -128,6 +143,7 @@ def _blocks(result, trace_name: str) -> list[tuple]:
         ("h2", "Side by side"),
         ("table", head, rows),
         *([("h2", "Prestaging"), ("table", *prefetch_rows(result.table))] if prefetch_rows(result.table)[1] else []),
+        *([("h2", "Prewarming"), ("table", *prewarm_rows(result.table))] if prewarm_rows(result.table)[1] else []),
         ("h2", "Events"),
         ("table", ["scenario", "event", "at", "first request", "blocks dropped", "bytes dropped"], ev_rows),
         ("h2", "Timeline"),

@@ -52,6 +52,52 @@ def _target_split(block, decision, lrs, size, T, bpt, out, first_col):
                 out[r, first_col + T + tgt] += 1.0
 
 
+class Transfers:
+    """Background moves into nodes' DRAM (prefetches, prewarms) for the queue simulator's
+    links (its *transfers*), collected piece by piece and read sorted by time.
+
+    After :meth:`arrays`: ``time_s`` float64[K] (seconds after the trace's first
+    request, non-decreasing; equal times in the order added), ``node`` int64[K],
+    ``local_bytes`` float64[K] (from the node's local SSD), ``target_bytes`` and
+    ``target_reads`` float64[K, T] (from each shared-flash target); ``measured``:
+    whether each belongs to the measured window (a move landing before a measured
+    request), for the figures; every transfer loads the links."""
+
+    def __init__(self, targets: int) -> None:
+        self.targets = int(targets)
+        self._parts: list = []
+
+    def add(self, time_s, node, local_bytes, target_bytes, target_reads, measured=True) -> None:
+        t = np.atleast_1d(np.asarray(time_s, dtype=np.float64))
+        keep = (np.asarray(local_bytes) > 0) | (np.asarray(target_bytes).reshape(t.shape[0], -1).sum(axis=1) > 0)
+        if keep.any():
+            T = self.targets
+            self._parts.append((t[keep], np.broadcast_to(np.asarray(node, dtype=np.int64), t.shape)[keep],
+                                np.asarray(local_bytes, dtype=np.float64).reshape(-1)[keep],
+                                np.asarray(target_bytes, dtype=np.float64).reshape(-1, T)[keep],
+                                np.asarray(target_reads, dtype=np.float64).reshape(-1, T)[keep],
+                                np.broadcast_to(np.asarray(measured, dtype=bool), t.shape)[keep]))
+
+    def __len__(self) -> int:
+        return sum(p[0].shape[0] for p in self._parts)
+
+    def arrays(self, measured: bool = False):
+        """``(time_s, node, local_bytes, target_bytes, target_reads)``, sorted by time
+        (``measured``: and the measured flags)."""
+        T = self.targets
+        k = 6 if measured else 5
+        if not self._parts:
+            return (np.zeros(0), np.zeros(0, np.int64), np.zeros(0), np.zeros((0, T)), np.zeros((0, T)),
+                    np.zeros(0, bool))[:k]
+        cols = [np.concatenate([p[i] for p in self._parts]) for i in range(k)]
+        order = np.argsort(cols[0], kind="stable")
+        return tuple(c[order] for c in cols)
+
+    def bytes(self) -> tuple[float, float]:
+        """Total ``(local SSD, shared flash)`` bytes moved."""
+        return (float(sum(p[2].sum() for p in self._parts)), float(sum(p[3].sum() for p in self._parts)))
+
+
 class Demand:
     """Per-request inputs of the queue simulator for one configuration's replay.
 
@@ -134,4 +180,4 @@ class Demand:
             self.path = None
 
 
-__all__ = ["COLUMNS", "Demand"]
+__all__ = ["COLUMNS", "Demand", "Transfers"]

@@ -14,7 +14,7 @@ import polars as pl
 
 from kvtrace.analyses.curves import parse_warmup, warmup_first_request
 from kvtrace.analyses.load.demand import (COLUMNS, D_BD, D_BF, D_BL, D_KFL, D_KREST, D_NODE, D_SFL, D_SREST, D_WF,
-                                          D_WL, Demand)
+                                          D_WL, Demand, Transfers)
 from kvtrace.analyses.load.model import LoadLevel, LoadModel
 from kvtrace.analyses.response import ResponseModel, percentiles
 from kvtrace.analyses.whatif.config import TierConfig
@@ -122,14 +122,17 @@ def _wait_p99(hist: np.ndarray) -> float | None:
 
 
 def run_level(demand: Demand, level: LoadLevel, load: LoadModel, response: ResponseModel, *,
-              keep_ttft: bool = False, congestion=()) -> tuple[dict, list[dict], np.ndarray | None]:
+              keep_ttft: bool = False, congestion=(), transfers: Transfers | None = None
+              ) -> tuple[dict, list[dict], np.ndarray | None]:
     """One load level: the summary row, the per-station rows and (``keep_ttft``) the
     TTFT of every measured request (NaN if it did not finish: an overloaded run).
 
     ``congestion``: ``(resource, instance or None, from_s, to_s, share)`` windows in which
     those links serve at ``share`` of their bandwidth (times in the trace's seconds after
     its first request, compressed by the load factor as the arrivals are;
-    :meth:`kvtrace.kernels.queueing.QueueSim.congest`)."""
+    :meth:`kvtrace.kernels.queueing.QueueSim.congest`). ``transfers``: background moves
+    (:class:`~kvtrace.analyses.load.demand.Transfers`) fed between the requests by time,
+    compressed as the arrivals are, a transfer before a request arriving at its time."""
     config = demand.config
     k = float(level.factor)
     R = demand.arrival_s.shape[0]
@@ -146,17 +149,41 @@ def run_level(demand: Demand, level: LoadLevel, load: LoadModel, response: Respo
         for s in link_stations(resource, instance, nodes, T):
             sim.congest(s, t0 / k, t1 / k, share)
     c0 = len(COLUMNS)
+    tr = transfers.arrays() if transfers is not None and len(transfers) else None
+    if tr is not None:
+        tr = (tr[0] / k,) + tr[1:]
+    t_lo = 0
     for lo in range(0, R, BATCH):
         hi = min(R, lo + BATCH)
         rows = np.asarray(demand.rows[lo:hi])
         mix = np.arange(lo, hi, dtype=np.int64) - first
         mix[mix < 0] = -1
-        sim.feed(arrival[lo:hi], rows[:, D_NODE].astype(np.int64), mix, rows[:, D_BD], rows[:, D_BL],
-                 rows[:, D_BF], rows[:, c0:c0 + T], rows[:, c0 + T:c0 + 2 * T], rows[:, D_SREST], rows[:, D_KREST],
-                 rows[:, D_SFL], rows[:, D_KFL], rows[:, D_WL], rows[:, D_WF], final=hi == R)
+        cols = [arrival[lo:hi], rows[:, D_NODE].astype(np.int64), mix, rows[:, D_BD], rows[:, D_BL], rows[:, D_BF],
+                rows[:, c0:c0 + T], rows[:, c0 + T:c0 + 2 * T], rows[:, D_SREST], rows[:, D_KREST], rows[:, D_SFL],
+                rows[:, D_KFL], rows[:, D_WL], rows[:, D_WF]]
+        flag = None
+        if tr is not None:
+            t_hi = tr[0].shape[0] if hi == R else int(np.searchsorted(tr[0], arrival[hi], side="left"))
+            cols, flag = _with_transfers(cols, [x[t_lo:t_hi] for x in tr])
+            t_lo = t_hi
+        sim.feed(*cols, final=hi == R, transfer=flag)
         if sim.overloaded:
             break
     return _summarise(sim, demand, level, load, response, w0, w1, n_meas, keep_ttft)
+
+
+def _with_transfers(cols: list, tr: list) -> tuple[list, np.ndarray | None]:
+    """A batch's request columns with its transfers merged in by time (a transfer
+    before a request at its time), and the transfer flags."""
+    t, node, bl, bft, rft = tr
+    if t.shape[0] == 0:
+        return cols, None
+    at = np.searchsorted(cols[0], t, side="left")
+    K = t.shape[0]
+    z = np.zeros(K)
+    extra = [t, node, np.full(K, -1, np.int64), z, bl, bft.sum(axis=1), bft, rft, z, z, z, z, z, z]
+    merged = [np.insert(c, at, e, axis=0) for c, e in zip(cols, extra)]
+    return merged, np.insert(np.zeros(cols[0].shape[0], dtype=bool), at, True)
 
 
 def _summarise(sim, demand, level, load, response, w0, w1, n_meas, keep_ttft):

@@ -1,8 +1,9 @@
 """Scenarios (``kvtrace scenario``): the same trace replayed through one tier system
 under dynamic conditions — a cold start, a restart that keeps the flash, sessions
 migrating between nodes, a lost flash target, a catalog outage, a model-version
-rollout, TTL expiry, prestaging during a session's pauses — each beside the baseline
-without events, with the load model's TTFT, a per-bin timeline and the time to recover.
+rollout, TTL expiry, prestaging during a session's pauses, prewarming after a loss —
+each beside the baseline without events, with the load model's TTFT, a per-bin
+timeline and the time to recover.
 
 Semantics (exact: an event simulation; ``tests/naive_scenario.py`` is the slow twin):
 
@@ -28,7 +29,13 @@ Semantics (exact: an event simulation; ``tests/naive_scenario.py`` is the slow t
   holds; prefetches share a bandwidth first come first served. A moved block is useful
   iff its next access reads it from DRAM; a prestaged turn's coverage counts the
   usable-prefix bytes it did not have in DRAM at the prefetch's issue and read from DRAM
-  thanks to a prefetch. Prefetch transfers are not queued on the load model's links;
+  thanks to a prefetch;
+- ``prewarm``: each node's DRAM refilled from the tiers below under a bandwidth budget,
+  in value, recency or storage order (:mod:`kvtrace.analyses.scenario.prewarm`), each
+  group of landings fed as a fetch;
+- prefetches and prewarms are the load model's *transfers*: their reads join the
+  requests' restores on the same link queues from the transfer's start
+  (:class:`kvtrace.analyses.load.demand.Transfers`); when one lands follows its budget;
 - each run's per-request replay outputs feed the load model (:mod:`kvtrace.analyses.load`)
   at ``[load] scale``; the timeline bins the measured requests by arrival.
 

@@ -226,10 +226,35 @@ class Prestage(_Event):
         return math.inf if isinstance(v, str) and v.strip().lower() in ("inf", "infinity", "none") else v
 
 
+class Prewarm(_Event):
+    """From ``at``, every node's DRAM is refilled from the tiers below it (its local SSD,
+    the shared flash) under a budget of ``gbps`` GB/s per node, up to ``limit`` x its
+    DRAM capacity; the moves are read from the same links as the requests' restores and
+    queue with them (the prewarm storm). The candidates of a node are the blocks last
+    used on it before ``at`` that, at ``at``, a tier below holds and its DRAM does not;
+    ``order``: ``value`` (most prefill compute per token avoided by their accesses within
+    ``horizon`` after ``at``: clairvoyant, as ``kvtrace value``), ``recency`` (most
+    recently used first) or ``scan`` (the store's own order, by content hash: a full
+    scan). A block lands in DRAM when its share of the budget has been transferred
+    (first come first served); one gone from the tiers below or already in DRAM by then
+    is skipped, its share of the budget spent."""
+
+    kind: Literal["prewarm"]
+    order: Literal["value", "recency", "scan"] = "value"
+    gbps: float = Field(gt=0.0, allow_inf_nan=False)
+    limit: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    horizon: float = math.inf
+
+    @field_validator("horizon", mode="before")
+    @classmethod
+    def _h(cls, v):
+        return seconds(v)
+
+
 Event = Annotated[Union[ColdStart, Restored, Migration, TargetLoss, CatalogOutage, Rollout, Ttl, Prestage,
-                        Congestion], Field(discriminator="kind")]
+                        Congestion, Prewarm], Field(discriminator="kind")]
 EVENT_KINDS = ("cold-start", "restored", "migration", "target-loss", "catalog-outage", "rollout", "ttl", "prestage",
-               "congestion")
+               "congestion", "prewarm")
 
 
 class Scenario(_Strict):
@@ -435,5 +460,6 @@ def load_scenario(path: str | Path) -> ScenarioFile:
     return scenario_from_dict(data, str(path))
 
 
-__all__ = ["CatalogOutage", "ColdStart", "Congestion", "EVENT_KINDS", "Migration", "Prestage", "Restored", "Rollout",
+__all__ = ["CatalogOutage", "ColdStart", "Congestion", "EVENT_KINDS", "Migration", "Prestage", "Prewarm", "Restored",
+           "Rollout",
            "Scenario", "ScenarioFile", "TargetLoss", "Ttl", "load_scenario", "scenario_from_dict", "seconds"]

@@ -12,6 +12,8 @@ states the semantics.
   (the shared flash list set aside with its capacity at 0, then put back as it was);
 - ``prestage``: the turns to prefetch for and when (:class:`PrestagePlan`); the replay
   (:mod:`kvtrace.analyses.scenario.run`) feeds the prefetches;
+- ``prewarm``: its start (the replay, :mod:`kvtrace.analyses.scenario.prewarm`, picks
+  the blocks from the state then and schedules their landings);
 - ``congestion``: windows of the load model's links (:attr:`EventPlan.congestion`), the
   replay unchanged.
 
@@ -26,8 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from kvtrace.analyses.engine import service_times, trace_service_times
-from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Restored,
-                                              Rollout, ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Prewarm,
+                                              Restored, Rollout, ScenarioFile, TargetLoss, Ttl)
 from kvtrace.errors import UsageError
 from kvtrace.kernels import scenario_ops as ops
 from kvtrace.kernels.tier_table import LIST0
@@ -72,6 +74,7 @@ class EventPlan:
     event_first: list[int | None]  # each event's first request at or after its time (None: after the last)
     prestage: "PrestagePlan | None" = None
     congestion: list = field(default_factory=list)  # (resource, instance or None, from, to, share): queue windows
+    prewarms: list = field(default_factory=list)  # the prewarm events (a ``pw_start`` action's args[0] indexes them)
 
 
 @dataclass
@@ -130,6 +133,7 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
     moved = None
     prestage = None
     congestion: list = []
+    prewarms: list = []
     actions: list[Action] = []
     times = []
     seq = 0
@@ -218,6 +222,15 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             prestage = PrestagePlan(j, p, issue, ev.predictor, ev.gbps)
             for k in range(j.shape[0]):
                 add(float(issue[k]), "pf_issue", (k,), i)
+        elif isinstance(ev, Prewarm):
+            if sysc.promotion == "none":
+                raise UsageError("prewarming moves blocks into DRAM: it needs promotion promote or copy",
+                                 field="system.promotion")
+            if not hasattr(trace, "accesses"):
+                raise UsageError("prewarming picks blocks by their past and future use: it needs the trace in memory",
+                                 field="scenario.event.kind")
+            add(t, "pw_start", (len(prewarms),), i)
+            prewarms.append(ev)
         elif isinstance(ev, Rollout):
             coin = session_coin(trace, ROLLOUT_SEED)
             if ev.ramp > 0:
@@ -236,7 +249,8 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             raise AssertionError(ev)
     actions.sort(key=lambda a: (a.request, a.time_s, a.order))
     first = [at_request(t) for t in times]
-    return EventPlan(node, moved, actions, times, [r if r < R else None for r in first], prestage, congestion)
+    return EventPlan(node, moved, actions, times, [r if r < R else None for r in first], prestage, congestion,
+                     prewarms)
 
 
 class Editor:

@@ -20,18 +20,20 @@ import polars as pl
 
 from kvtrace.analyses.curves import parse_warmup, warmup_first_request
 from kvtrace.analyses.load import LoadLevel, run_level
-from kvtrace.analyses.load.demand import D_BD, D_BF, D_BL, D_SREST, D_WF, D_WL, Demand
+from kvtrace.analyses.load.demand import D_BD, D_BF, D_BL, D_SREST, D_WF, D_WL, Demand, Transfers
 from kvtrace.analyses.response import ResponseModel
-from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Restored,
-                                              Rollout, ScenarioFile, TargetLoss, Ttl)
+from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congestion, Migration, Prestage, Prewarm,
+                                              Restored, Rollout, ScenarioFile, TargetLoss, Ttl)
 from kvtrace.analyses.scenario import prestage as P
+from kvtrace.analyses.scenario.prewarm import held_below, schedule
 from kvtrace.analyses.scenario.events import BASELINE, Action, Editor, EventPlan, plan_events
 from kvtrace.analyses.whatif.config import PROMOTIONS, route
 from kvtrace.analyses.whatif.simulate import tier_rules
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
-                                          PF_REQUESTS, PF_USEFUL, account_requests, land, mark_absent, present_prefix)
+                                          PF_REQUESTS, PF_USEFUL, account_requests, land, mark_absent, present_prefix,
+                                          transfer_rows)
 from kvtrace.kernels.tier_table import (ABSENT, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, R_SRC,
                                         R_TOTAL_TOK, REQ_FETCH, REQ_REAL)
 from kvtrace.model import GpuSpec, ModelSpec
@@ -49,6 +51,8 @@ class ReplayOut:
     counts: dict
     dropped: dict = field(default_factory=dict)
     prefetch: dict | None = None  # the prestaging figures (tokens, token-seconds), with a prestage event
+    prewarm: dict | None = None  # the prewarming figures (tokens), with a prewarm event
+    transfers: Transfers | None = None  # the moves into DRAM, for the load model's links
 
 
 @dataclass
@@ -140,7 +144,19 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     pf_moved = np.zeros(size.shape[0] if pre is not None else 0, dtype=np.int8)
     pf_landed = np.zeros(pf_moved.shape[0], dtype=np.float64)
     pf_absent = np.zeros(trace.n_accesses if pre is not None else 0, dtype=np.int8)  # per access of a prestaged turn
+    pw = np.zeros(N_PF, dtype=np.float64)
+    pw_moved = np.zeros(size.shape[0] if plan.prewarms else 0, dtype=np.int8)
+    pw_landed = np.zeros(pw_moved.shape[0], dtype=np.float64)
+    no_absent = np.zeros(trace.n_accesses if plan.prewarms else 0, dtype=np.int8)
     busy = [-math.inf]  # the prefetch transfers' queue: when the last one ends (seconds after the first request)
+    T = int(load.flash_targets)
+    moves = Transfers(T)
+
+    def move(block, decision, lrs, pick, time_s, node, measured) -> None:
+        """The picked fed requests are moves into DRAM: their reads load the links."""
+        rows = np.empty((lrs.shape[0] - 1, 1 + 2 * T), dtype=np.float64)
+        transfer_rows(block, decision, lrs, pick, size, T, bpt, rows)
+        moves.add(time_s, node, rows[pick, 0], rows[pick, 1:1 + T], rows[pick, 1 + T:], measured)
     seq = [len(plan.actions)]
 
     def feed_bulk(ch, r_lo: int, r_hi: int) -> None:
@@ -164,6 +180,9 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         decision = sim.feed(ab, at, ap, alrs)
         q = sim.chunk_out
         P.account(ab, decision, alrs, kind, who, time, meas, start, size, q, pf_moved, pf_landed, pf_absent, pf)
+        fetch = kind == REQ_FETCH
+        if fetch.any():
+            move(ab, decision, alrs, fetch, time[fetch], plan.node[who[fetch]], meas[fetch])
         mask = np.repeat(real, length)
         i0, i1 = r_lo - ch.r, r_hi - ch.r
         lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
@@ -183,6 +202,9 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
             rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
         else:
             rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+        if plan.prewarms:
+            account_requests(np.ascontiguousarray(piece.block, dtype=np.int64), decision, piece.lrs, r_lo, rel, size,
+                             pw_moved, pw_landed, no_absent[piece.lo:piece.hi], pw, first)
 
     def feed_real(ch, r_lo: int, r_hi: int) -> None:
         if bulk is not None:
@@ -216,19 +238,41 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         Xf = editor.flash[0] if editor.flash and editor.hidden is None else -1
         return Xd, Xl, Xf
 
-    def feed_prefetch(syn: Synthetic) -> None:
+    def feed_fetch(blocks, tokens, pos, node: int, time_s: float, start_s: float, moved_, landed_, figs) -> None:
+        """A fetch into ``node``'s DRAM landing at ``time_s``, its transfer started at
+        ``start_s``; its figures into ``figs`` (prefetches' or prewarms')."""
         slot = sim.next_request
-        sim.req_ts[slot] = slots.t0 + syn.time_s
-        sim.req_tq[slot] = P.quanta(np.array([slots.t0 + syn.time_s]), slots.t0, sim.shift)[0]
-        sim.req_node[slot] = syn.node
+        sim.req_ts[slot] = slots.t0 + time_s
+        sim.req_tq[slot] = P.quanta(np.array([slots.t0 + time_s]), slots.t0, sim.shift)[0]
+        sim.req_node[slot] = node
         sim.req_kind[slot] = REQ_FETCH
         measured = slot >= sim.ip[K.I_FIRST_MEASURED]
-        decision = sim.feed(syn.blocks, syn.tokens, syn.pos, np.array([0, syn.blocks.shape[0]], dtype=np.int64))
+        lrs = np.array([0, blocks.shape[0]], dtype=np.int64)
+        decision = sim.feed(blocks, tokens, pos, lrs)
+        move(blocks, decision, lrs, np.ones(1, dtype=np.bool_), np.array([start_s]), node, measured)
         if measured:
-            land(syn.blocks, decision, 0, syn.blocks.shape[0], syn.time_s, size, pf_moved, pf_landed, pf)
-            pf[PF_DISPLACED] += sim.chunk_out[0, R_SRC]
+            land(blocks, decision, 0, blocks.shape[0], time_s, size, moved_, landed_, figs)
+            figs[PF_DISPLACED] += sim.chunk_out[0, R_SRC]
+
+    def feed_prefetch(syn: Synthetic, start_s: float) -> None:
+        feed_fetch(syn.blocks, syn.tokens, syn.pos, syn.node, syn.time_s, start_s, pf_moved, pf_landed, pf)
         if record is not None:
             record.append(syn)
+
+    def prewarm(a: Action) -> None:
+        if a.kind == "pw_start":
+            groups = schedule(plan.prewarms[a.args[0]], trace, plan, rel, a.request, a.time_s, size, sim.st, lists,
+                              dram_tokens=caps[0], bpt=bpt, a_coef=a_coef, b_coef=b_coef, M=M)
+            sim.add_requests(len(groups))
+            for g in groups:
+                seq[0] += 1
+                _heap_push(heap, Action(g.request, g.time_s, seq[0], "pw_land", (g,), a.event))
+            return
+        g = a.args[0]  # pw_land: what is still below DRAM and not in it lands
+        ok = np.zeros(g.blocks.shape[0], dtype=np.bool_)
+        held_below(sim.st, g.blocks, *lists(g.node), ok)
+        if ok.any():
+            feed_fetch(g.blocks[ok], g.tokens[ok], g.pos[ok], g.node, g.time_s, g.start_s, pw_moved, pw_landed, pw)
 
     def prestage(a: Action) -> None:
         k = a.args[0]
@@ -258,12 +302,13 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
             r = int(np.searchsorted(rel, busy[0], side="left"))
             if r < R:
                 seq[0] += 1
-                _heap_push(heap, Action(r, busy[0], seq[0], "pf_apply", (k, syn), a.event))
+                _heap_push(heap, Action(r, busy[0], seq[0], "pf_apply", (k, syn, start), a.event))
         else:  # pf_apply: the transfer is done; what is still in a tier lands
             syn = a.args[1]
             n = present_prefix(sim.st, syn.blocks, Xd, Xl, Xf)
             if n:
-                feed_prefetch(Synthetic(syn.before, a.time_s, node, syn.blocks[:n], syn.tokens[:n], syn.pos[:n], j))
+                feed_prefetch(Synthetic(syn.before, a.time_s, node, syn.blocks[:n], syn.tokens[:n], syn.pos[:n], j),
+                              a.args[2])
 
     try:
         for ch in trace.chunks():
@@ -273,6 +318,8 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
                     a = heapq.heappop(heap)[3]
                     if a.kind in ("pf_issue", "pf_apply"):
                         prestage(a)
+                    elif a.kind in ("pw_start", "pw_land"):
+                        prewarm(a)
                     else:
                         editor.apply(a)
                 if r >= ch.r_end:
@@ -292,7 +339,12 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
                    "useful_tokens": float(pf[PF_USEFUL]), "needed_tokens": float(pf[PF_NEEDED]),
                    "covered_tokens": float(pf[PF_COVERED]), "held_token_seconds": float(pf[PF_HELD]),
                    "displaced_tokens": float(pf[PF_DISPLACED])}
-    return ReplayOut(demand, pre_tok, tot, rec, counts, editor.dropped, figures)
+    warmed = None
+    if plan.prewarms:
+        warmed = {"prewarm_groups": int(pw[PF_REQUESTS]), "moved_tokens": float(pw[PF_MOVED]),
+                  "useful_tokens": float(pw[PF_USEFUL]), "displaced_tokens": float(pw[PF_DISPLACED])}
+    return ReplayOut(demand, pre_tok, tot, rec, counts, editor.dropped, figures, warmed,
+                     moves if len(moves) else None)
 
 
 def _bins(rel: np.ndarray, first: int, bin_s: float) -> np.ndarray:
@@ -327,6 +379,14 @@ def timeline(name: str, rel: np.ndarray, first: int, bin_s: float, out: ReplayOu
     read = bd + bl + bf
     wf, wl = s(rows[:, D_WF]), s(rows[:, D_WL])
     gpu = s(rows[:, D_SREST])
+    bg = np.zeros(nb)  # the measured transfers' reads by their start's bin (the first if before): local SSD +
+    bg_f = np.zeros(nb)  # flash, and flash alone
+    if out.transfers is not None and nb:
+        t_s, _, t_bl, t_bft, _, t_m = out.transfers.arrays(measured=True)
+        tb = np.clip(np.floor((t_s - rel[first]) / bin_s), 0, nb - 1).astype(np.int64)
+        m_t = t_m
+        bg_f = np.bincount(tb[m_t], weights=t_bft.sum(axis=1)[m_t], minlength=nb)
+        bg = bg_f + np.bincount(tb[m_t], weights=t_bl[m_t], minlength=nb)
     with np.errstate(invalid="ignore", divide="ignore"):
         cols = {
             "scenario": [name] * nb,
@@ -337,10 +397,10 @@ def timeline(name: str, rel: np.ndarray, first: int, bin_s: float, out: ReplayOu
             "dram_read_share": np.where(read > 0, bd / np.where(read > 0, read, 1), np.nan),
             "local_read_share": np.where(read > 0, bl / np.where(read > 0, read, 1), np.nan),
             "flash_read_share": np.where(read > 0, bf / np.where(read > 0, read, 1), np.nan),
-            "flash_write_bytes": wf, "local_write_bytes": wl,
+            "flash_write_bytes": wf, "local_write_bytes": wl, "background_read_bytes": bg,
             "recompute_gpu_seconds": s(out.recompute_s[m]),
             "prefill_gpu_seconds": gpu,
-            "util_flash_offered": (bf + wf) / (load.flash_bytes_per_s * bin_s) if load.flash_bytes_per_s
+            "util_flash_offered": (bf + wf + bg_f) / (load.flash_bytes_per_s * bin_s) if load.flash_bytes_per_s
             else np.full(nb, np.nan),
             "util_gpu_offered": gpu / (max(1, load.gpus_per_node) * nodes * bin_s),
         }
@@ -443,7 +503,7 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         out = replay(trace, cfg, plan, model=model, response=response, load=load, first=first, progress=prog)
         try:  # the timeline reads the demand's rows too: closed (a spill file removed) after both
             row, _, ttft_m = run_level(out.demand, level, load, response, keep_ttft=True,
-                                       congestion=plan.congestion)
+                                       congestion=plan.congestion, transfers=out.transfers)
             ttft = np.full(R, np.nan)
             ttft[first:first + ttft_m.shape[0]] = ttft_m
             tl = timeline(name, rel, first, bin_s, out, ttft[first:], load, load.slo_ttft_s, config.nodes)
@@ -490,6 +550,13 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
                                         else None)
         s["prefetch_dram_byte_seconds"] = pfx["held_token_seconds"] * bpt if pfx else None
         s["prefetch_displaced_bytes"] = pfx["displaced_tokens"] * bpt if pfx else None
+        pw = out.prewarm
+        s["prewarm_bytes"] = pw["moved_tokens"] * bpt if pw else None
+        s["prewarm_useful_share"] = pw["useful_tokens"] / pw["moved_tokens"] if pw and pw["moved_tokens"] else None
+        s["prewarm_displaced_bytes"] = pw["displaced_tokens"] * bpt if pw else None
+        s["background_read_bytes"] = float(tl["background_read_bytes"].sum())
+        s["ttft_p99_recovery_ms"] = _p99_between(ttft, rel, first, ev_t,
+                                                 ev_t + rec_s if rec_s is not None else math.inf)
         s["dropped_blocks"] = int(sum(v[0] for v in out.dropped.values()))
         s["dropped_bytes"] = float(sum(v[1] for v in out.dropped.values()) * model.kv_bytes_per_token)
         rows.append(s)
@@ -514,9 +581,25 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
                             f"{cfg.system.cache_rules}; measured from request {first:,} of {R:,} "
                             f"({rel[-1] - rel[first]:.0f} s); recovery = the per-bin prefix-token hit rate within "
                             f"{cfg.run.recovery_tolerance:g} of the baseline's to the trace's end"
-                            + ("; prefetch transfers are not queued on the links (their bytes are reported)"
+                            + ("; a prefetch's reads are queued on the links (the local SSD, its targets, "
+                               "the NIC and the uplink) from its start, competing with the requests' reads; when it "
+                               "lands follows its bandwidth budget, not the queues"
                                if any(e.kind == "prestage" for s in cfg.scenario for e in s.event) else ""))}
     return ScenarioResult(table, pl.concat(tls, how="vertical_relaxed"), events_df, info)
+
+
+def _p99_between(ttft: np.ndarray, rel: np.ndarray, first: int, t0: float, t1: float) -> float | None:
+    """p99 TTFT (ms) of the measured requests arriving in ``[t0, t1)`` (seconds after
+    the first request; an unfinished one counts as infinite); None if there are none."""
+    if t0 == math.inf:
+        return None
+    sel = np.arange(rel.shape[0]) >= first
+    sel &= (rel >= t0) & (rel < t1)
+    x = np.where(np.isnan(ttft[sel]), np.inf, ttft[sel])
+    if x.shape[0] == 0:
+        return None
+    v = float(np.quantile(x, 0.99, method="inverted_cdf"))
+    return v * 1e3 if v < math.inf else None
 
 
 def _event_text(e) -> str:
@@ -541,6 +624,10 @@ def _event_text(e) -> str:
     if isinstance(e, Congestion):
         which = "every" if e.instance is None else f"#{e.instance}"
         return f"{e.resource} ({which}) at {e.share:.0%} of its bandwidth for {e.duration:g}s from {at}"
+    if isinstance(e, Prewarm):
+        lim = "" if e.limit == 1.0 else f" up to {e.limit:g}x DRAM"
+        hor = "" if e.order != "value" or e.horizon == math.inf else f" (value over {e.horizon:g}s)"
+        return f"prewarm by {e.order}{hor} at {e.gbps:g} GB/s per node{lim} from {at}"
     if isinstance(e, Ttl):
         parts = [f"{t} {v:g}s" for t, v in (("DRAM", e.dram), ("local SSD", e.local_ssd),
                                              ("flash", e.shared_flash)) if v != math.inf]

@@ -12,7 +12,7 @@ from kvtrace.app import cached, sidebar
 from kvtrace.analyses.scenario import scenario_from_dict
 from kvtrace.errors import KvtraceError
 from kvtrace.outputs import json_safe
-from kvtrace.results.scenario_report import prefetch_rows, table_rows, timeline_chart
+from kvtrace.results.scenario_report import prefetch_rows, prewarm_rows, table_rows, timeline_chart
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -87,10 +87,10 @@ except KvtraceError as exc:
 head, rows = table_rows(result.table)
 st.subheader("Side by side")
 st.dataframe(pl.DataFrame(rows, schema=head, orient="row"), hide_index=True, use_container_width=True)
-head, rows = prefetch_rows(result.table)
-if rows:
-    st.subheader("Prestaging")
-    st.dataframe(pl.DataFrame(rows, schema=head, orient="row"), hide_index=True, use_container_width=True)
+for (head, rows), title in ((prefetch_rows(result.table), "Prestaging"), (prewarm_rows(result.table), "Prewarming")):
+    if rows:
+        st.subheader(title)
+        st.dataframe(pl.DataFrame(rows, schema=head, orient="row"), hide_index=True, use_container_width=True)
 st.subheader("Timeline")
 st.altair_chart(timeline_chart(result), use_container_width=False)
 st.subheader("Events")
