@@ -80,13 +80,17 @@ class EventPlan:
 @dataclass
 class PrestagePlan:
     """The turns a ``prestage`` event prefetches for: ``targets[k]`` (a request), the
-    turn before it in its session ``preds[k]``, and when its prefetch is issued."""
+    turn before it in its session ``preds[k]``, when its prefetch is issued and the
+    request it comes before (``at[k]``: the first at or after the issue; after the
+    edits before that request), in issue order."""
 
     targets: np.ndarray
     preds: np.ndarray
     issue_s: np.ndarray
     predictor: str
     gbps: float
+    at: np.ndarray
+    event: int = 0
 
 
 def predecessors(trace) -> np.ndarray:
@@ -108,14 +112,18 @@ def predecessors(trace) -> np.ndarray:
         order = idx[np.argsort(sess[idx], kind="stable")]
         same = sess[order[1:]] == sess[order[:-1]]
         out[order[1:][same]] = order[:-1][same]
-    if has_parent:
+    if has_parent:  # a parent named by id (the last request of that id), earlier in the trace
         rid = req["request_id"].to_numpy().astype(np.int64)
-        pos = {int(v): i for i, v in enumerate(rid)}
-        par = req["parent_id"]
-        for i, v in zip(np.nonzero(~par.is_null().to_numpy())[0], par.drop_nulls().to_numpy()):
-            j = pos.get(int(v), -1)
-            if 0 <= j < i:
-                out[i] = j
+        i = np.nonzero(~req["parent_id"].is_null().to_numpy())[0]
+        v = req["parent_id"].drop_nulls().to_numpy().astype(np.int64)
+        order = np.argsort(rid, kind="stable")
+        srt = rid[order]
+        at = np.searchsorted(srt, v, side="right") - 1
+        found = at >= 0
+        found[found] = srt[at[found]] == v[found]
+        j = np.where(found, order[np.maximum(at, 0)], -1)
+        ok = found & (j < i)
+        out[i[ok]] = j[ok]
     return out
 
 
@@ -219,9 +227,8 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             j, p, issue = j[keep], p[keep], issue[keep]
             order_k = np.argsort(issue, kind="stable")
             j, p, issue = j[order_k], p[order_k], issue[order_k]
-            prestage = PrestagePlan(j, p, issue, ev.predictor, ev.gbps)
-            for k in range(j.shape[0]):
-                add(float(issue[k]), "pf_issue", (k,), i)
+            prestage = PrestagePlan(j, p, issue, ev.predictor, ev.gbps,
+                                    np.searchsorted(rel, issue, side="left").astype(np.int64), i)
         elif isinstance(ev, Prewarm):
             if sysc.promotion == "none":
                 raise UsageError("prewarming moves blocks into DRAM: it needs promotion promote or copy",

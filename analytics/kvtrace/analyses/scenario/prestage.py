@@ -30,7 +30,7 @@ class Bulk:
         self.targets = pre.targets.astype(np.int64)
         self.srcs = self.targets if pre.predictor == "oracle" else pre.preds.astype(np.int64)
         self.issue = pre.issue_s.astype(np.float64)
-        self.at = np.searchsorted(rel, self.issue, side="left").astype(np.int64)
+        self.at = pre.at
         self.shift = (np.where(moved[self.targets], M, 0) if moved is not None
                       else np.zeros(self.targets.shape[0], dtype=np.int64)).astype(np.int64)
         self.req_start = np.asarray(trace.req_start, dtype=np.int64)

@@ -83,7 +83,9 @@ class _Slots:
 
 
 def _heap_push(heap: list, a: Action) -> None:
-    heapq.heappush(heap, (a.request, a.time_s, a.order, a))
+    """Actions run by request, then the state edits (and prewarms) before the
+    prefetches, then by time and push order."""
+    heapq.heappush(heap, (a.request, a.kind in ("pf_issue", "pf_apply"), a.time_s, a.order, a))
 
 
 def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, response: ResponseModel, load,
@@ -138,8 +140,11 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         bulk = P.Bulk(trace, plan, rel, moved, M)
     heap: list = []
     for a in plan.actions:
-        if bulk is None or a.kind != "pf_issue":
-            _heap_push(heap, a)
+        _heap_push(heap, a)
+    if pre is not None and bulk is None:  # with a bandwidth limit: one prefetch at a time
+        for k in range(pre.targets.shape[0]):
+            _heap_push(heap, Action(int(pre.at[k]), float(pre.issue_s[k]), len(plan.actions) + k, "pf_issue", (k,),
+                                    pre.event))
     pf = np.zeros(N_PF, dtype=np.float64)
     pf_moved = np.zeros(size.shape[0] if pre is not None else 0, dtype=np.int8)
     pf_landed = np.zeros(pf_moved.shape[0], dtype=np.float64)
@@ -157,7 +162,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         rows = np.empty((lrs.shape[0] - 1, 1 + 2 * T), dtype=np.float64)
         transfer_rows(block, decision, lrs, pick, size, T, bpt, rows)
         moves.add(time_s, node, rows[pick, 0], rows[pick, 1:1 + T], rows[pick, 1 + T:], measured)
-    seq = [len(plan.actions)]
+    seq = [len(plan.actions) + (pre.targets.shape[0] if pre is not None else 0)]
 
     def feed_bulk(ch, r_lo: int, r_hi: int) -> None:
         start, length, shift, kind, who, time, meas = bulk.segments(r_lo, r_hi, rel, first)
@@ -315,7 +320,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
             r = ch.r
             while True:
                 while heap and heap[0][0] == r:
-                    a = heapq.heappop(heap)[3]
+                    a = heapq.heappop(heap)[-1]
                     if a.kind in ("pf_issue", "pf_apply"):
                         prestage(a)
                     elif a.kind in ("pw_start", "pw_land"):
@@ -563,6 +568,8 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         tls.append(tl)
         for i, e in enumerate(events):
             acts = [a for a in plan.actions if a.event == i]
+            if plan.prestage is not None and plan.prestage.event == i:
+                acts += [None] * plan.prestage.targets.shape[0]  # one per prefetch
             d = out.dropped.get(i, [0, 0])
             ev_rows.append({"scenario": name, "event": i, "kind": e.kind, "text": _event_text(e),
                             "at_s": plan.event_times[i] if plan.event_times[i] < math.inf else None,
