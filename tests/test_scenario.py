@@ -646,3 +646,63 @@ def test_prewarm_moves_load_the_links_and_are_reported(chat):
     assert pw["ttft_p99_recovery_ms"] is not None and row["plain"]["ttft_p99_recovery_ms"] is None
     ev = res.events.filter(pl.col("kind") == "prewarm")
     assert ev.height == 1 and "prewarm by value at 20 GB/s per node" in ev["text"][0]
+
+
+# --------------------------------------------------------------------------- budgeted prestaging, compiled
+BUDGET_EVENTS = [
+    [],
+    [{"kind": "ttl", "at": "30%", "dram": "40s", "shared_flash": "3min", "sweep": "9s"}],
+    [{"kind": "restored", "at": "40%"}, {"kind": "prewarm", "at": "40%", "gbps": 1}],
+    [{"kind": "catalog-outage", "at": "30%", "duration": "2min"}, {"kind": "migration", "at": "50%", "share": 0.5}],
+    [{"kind": "rollout", "at": "20%", "share": 0.7, "ramp": "2min", "retire_gbps": 1, "step": "20s"}],
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("gbps", [0.2, 2.0, 50.0])
+@pytest.mark.parametrize("others", BUDGET_EVENTS, ids=lambda e: "+".join(x["kind"] for x in e) or "alone")
+def test_compiled_budgeted_prestage_equals_the_python_path(seed, gbps, others):
+    """The compiled prefetch FIFO (kvtrace.kernels.prefetch_fifo) equals the replay's
+    one-prefetch-at-a-time Python path access by access: decisions, counters, the
+    prefetch figures, every landing's time and turn, and the transfers."""
+    rng = np.random.default_rng(300 + seed)
+    trace = small_trace(90, seed, kind=str(rng.choice(["chat", "agent"])))
+    total = int(np.asarray(trace.block_size).sum())
+    system = {
+        "dram": _bytes(int(rng.integers(max(2, total // 40), max(3, total // 5)))),
+        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
+        "flash": _bytes(int(rng.integers(total // 4, max(2, total // 2)))),
+        "nodes": int(rng.integers(1, 4)) if not any(e["kind"] == "migration" for e in others) else 2,
+        "policy": str(rng.choice(["all", "second-hit", "tinylfu", "prob:0.5"])),
+        "promotion": str(rng.choice(["promote", "copy"])),
+        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
+        "flash_order": str(rng.choice(["lru", "fifo"])),
+        "eviction": str(rng.choice(["prefix-aware", "flat"])),
+    }
+    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    ev = {"kind": "prestage", "predictor": str(rng.choice(["oracle", "last-context"])), "gbps": gbps,
+          "lead": float(rng.choice([0.5, 3.0, math.inf]))}
+    cfg = config(system, [ev, *others], load={"flash_targets": int(rng.integers(1, 4))})
+    load = cfg.load_model()
+    node = route(trace, cfg.system.nodes, cfg.system.routing)
+    plan = plan_events(trace, cfg, cfg.scenario[0].event, node, load.flash_targets)
+    first = int(rng.integers(0, 20))
+    outs = []
+    for compiled_fifo in (False, True):
+        dec = np.empty(trace.n_accesses, dtype=np.int8)
+        record: list = []
+        out = replay(trace, cfg, plan, model=MODEL, response=RESPONSE, load=load, first=first, decisions=dec,
+                     record=record, compiled_fifo=compiled_fifo)
+        out.demand.close()
+        outs.append((dec, out, record))
+    (dec0, out0, rec0), (dec1, out1, rec1) = outs
+    npt.assert_array_equal(dec1, dec0)
+    assert out1.counts == out0.counts
+    assert out1.prefetch == out0.prefetch and out1.prewarm == out0.prewarm
+    npt.assert_array_equal(out1.prefix_tokens, out0.prefix_tokens)
+    assert [(r.time_s, r.target, r.node) for r in rec1] == [(r.time_s, r.target, r.node) for r in rec0]
+    assert (out0.transfers is None) == (out1.transfers is None)
+    if out0.transfers is not None:
+        for a, b in zip(out0.transfers.arrays(measured=True), out1.transfers.arrays(measured=True)):
+            npt.assert_array_equal(a, b)
+    assert out0.prefetch["prefetch_requests"] > 0 or not rec0

@@ -89,13 +89,17 @@ def _heap_push(heap: list, a: Action) -> None:
 
 
 def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, response: ResponseModel, load,
-           first: int, progress=None, decisions: np.ndarray | None = None, record: list | None = None) -> ReplayOut:
+           first: int, progress=None, decisions: np.ndarray | None = None, record: list | None = None,
+           compiled_fifo: bool = True) -> ReplayOut:
     """The tier replay of ``trace`` through ``cfg``'s system with ``plan`` applied.
 
     The events act between requests (an action before its request; a prefetch is fed to
     the simulator as a request of its own, between the real ones: :class:`_Slots`).
     ``decisions``, if given, int8[N]: every real access's decision, ``COLD_FLAG`` added to
-    a cold one's; ``record``, if given, receives every prefetch fed (:class:`Synthetic`)."""
+    a cold one's; ``record``, if given, receives every prefetch fed (:class:`Synthetic`;
+    from the compiled budget path its time, node and turn only). ``compiled_fifo=False``
+    runs a budgeted prestage one prefetch at a time in Python (the compiled path's twin,
+    :mod:`kvtrace.kernels.prefetch_fifo`)."""
     sysc = cfg.system
     config = cfg.tier_config()
     bpt = int(model.kv_bytes_per_token)
@@ -141,7 +145,9 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     heap: list = []
     for a in plan.actions:
         _heap_push(heap, a)
-    if pre is not None and bulk is None:  # with a bandwidth limit: one prefetch at a time
+    fifo = Fifo(trace, plan, sim, rel, ts, real_tq, size, bpt, M, policy.code, int(load.flash_targets)) \
+        if pre is not None and bulk is None and compiled_fifo else None
+    if pre is not None and bulk is None and fifo is None:  # with a bandwidth limit: one prefetch at a time
         for k in range(pre.targets.shape[0]):
             _heap_push(heap, Action(int(pre.at[k]), float(pre.issue_s[k]), len(plan.actions) + k, "pf_issue", (k,),
                                     pre.event))
@@ -214,6 +220,10 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     def feed_real(ch, r_lo: int, r_hi: int) -> None:
         if bulk is not None:
             feed_bulk(ch, r_lo, r_hi)
+            return
+        if fifo is not None:
+            piece, decision, q = fifo.run(ch, r_lo, r_hi, lists, first, pf_moved, pf_landed, pf_absent, pf)
+            outputs(piece, decision, q)
             return
         slot = sim.next_request
         n = r_hi - r_lo
@@ -337,6 +347,8 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     except BaseException:
         demand.close()
         raise
+    if fifo is not None:
+        fifo.finish(moves, record)
     counts = dict(zip(COUNT_NAMES, sim.cnt.tolist()))
     figures = None
     if pre is not None:
@@ -350,6 +362,94 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
                   "useful_tokens": float(pw[PF_USEFUL]), "displaced_tokens": float(pw[PF_DISPLACED])}
     return ReplayOut(demand, pre_tok, tot, rec, counts, editor.dropped, figures, warmed,
                      moves if len(moves) else None)
+
+
+class Fifo:
+    """The compiled budgeted prestage (:func:`kvtrace.kernels.prefetch_fifo.runner`): its
+    state across the stretches of real requests the replay hands it."""
+
+    def __init__(self, trace, plan: EventPlan, sim, rel, ts, real_tq, size, bpt: int, M: int, policy: int,
+                 targets: int):
+        from kvtrace.kernels import prefetch_fifo as F
+
+        pre = plan.prestage
+        K_ = pre.targets.shape[0]
+        acc = trace.accesses
+        self.F, self.sim, self.plan = F, sim, plan
+        self.run_fn = F.runner(int(policy))
+        self.acc = (np.ascontiguousarray(acc.block, dtype=np.int64), np.ascontiguousarray(acc.tokens),
+                    np.ascontiguousarray(acc.pos))
+        self.req_start = np.ascontiguousarray(trace.req_start, dtype=np.int64)
+        R = rel.shape[0]
+        self.shift = (np.where(plan.moved, M, 0) if plan.moved is not None else np.zeros(R)).astype(np.int64)
+        self.rel, self.ts, self.real_tq = rel, ts, real_tq
+        self.node = np.ascontiguousarray(plan.node, dtype=np.int32)
+        self.size, self.bpt = size, float(bpt)
+        self.targets = pre.targets.astype(np.int64)
+        self.srcs = (self.targets if pre.predictor == "oracle" else pre.preds).astype(np.int64)
+        self.issue, self.at = pre.issue_s.astype(np.float64), pre.at.astype(np.int64)
+        self.rate = pre.gbps * 1e9
+        self.qf = np.zeros((K_, 2), dtype=np.float64)
+        self.qi = np.zeros((K_, 3), dtype=np.int64)
+        self.state = np.zeros(6, dtype=np.int64)
+        self.busy = np.array([-math.inf])
+        longest = int(np.diff(self.req_start).max()) if R else 0
+        self.blk = np.zeros(max(1, longest), dtype=np.int64)
+        self.tok = np.zeros(max(1, longest), dtype=self.acc[1].dtype)
+        self.pos = np.zeros(max(1, longest), dtype=self.acc[2].dtype)
+        self.dec1 = np.zeros(max(1, longest), dtype=np.int8)
+        self.out1 = np.zeros((K.N_REQ_COLS, 1), dtype=np.float64)
+        self.rec_k = np.zeros(K_, dtype=np.int64)
+        self.rec_t = np.zeros(K_, dtype=np.float64)
+        self.T = targets
+        # the landed prefetches' transfers: start, node, bytes by source (tr_rows), measured
+        self.tr = (np.zeros(K_), np.zeros(K_, np.int64), np.zeros((K_, 1 + 2 * targets)), np.zeros(K_, np.bool_))
+        self._chunk = None  # (first request, its blocks in their namespaces, decisions, rows) of the current chunk
+
+    def run(self, ch, r_lo: int, r_hi: int, lists, first: int, pf_moved, pf_landed, pf_absent, pf):
+        """Real requests ``r_lo..r_hi - 1`` of chunk ``ch`` with the prefetch events
+        before each: ``(piece, decisions, rows)`` of the real requests."""
+        sim, N = self.sim, self.plan.node
+        i0, i1 = r_lo - ch.r, r_hi - ch.r
+        if self._chunk is None or self._chunk[0] != ch.r:
+            block = np.ascontiguousarray(ch.block, dtype=np.int64)
+            if self.plan.moved is not None:
+                block = block + np.repeat(self.shift[ch.r:ch.r_end], np.diff(ch.lrs))
+            self._chunk = (ch.r, block, np.full(block.shape[0], K.MISS, dtype=np.int8),
+                           np.zeros((K.N_REQ_COLS, ch.r_end - ch.r), dtype=np.float64))
+        _, block, dec_chunk, rows = self._chunk
+        nodes = int(N.max()) + 1 if N.shape[0] else 1
+        lists_d = np.array([lists(n)[0] for n in range(nodes)], dtype=np.int64)
+        lists_l = np.array([lists(n)[1] for n in range(nodes)], dtype=np.int64)
+        list_f = int(lists(0)[2])
+        self.state[self.F.S_SLOT] = sim.next_request
+        self.run_fn(r_lo, r_hi, ch.r, block, ch.tokens, ch.pos, ch.lrs, ch.lo, *self.acc, self.req_start, self.shift,
+                    self.rel, self.ts, self.real_tq, self.node, lists_d, lists_l, list_f, first, self.targets, self.srcs,
+                    self.issue, self.at, self.rate, self.bpt, self.size, float(self.ts[0]), int(sim.shift), self.qf,
+                    self.qi, self.state, self.busy, pf_moved, pf_landed, pf_absent, pf, *self.tr, self.rec_k,
+                    self.rec_t, self.blk, self.tok, self.pos, self.dec1, self.out1, dec_chunk, rows,
+                    sim.req_ts, sim.req_tq, sim.req_node, sim.req_group, sim.req_kind, np.zeros(0), np.zeros(0, np.int8),
+                    sim.ip, sim.fp, sim.cap, sim.st, sim.used, sim.gstat, sim.last_val, sim.sketch, sim.sk_ops,
+                    sim.req_level, sim.cnt, sim.sums, sim.hist)
+        sim.next_request = int(self.state[self.F.S_SLOT])
+        lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
+        lrs = ch.lrs[i0:i1 + 1] - lo
+        piece = AccessChunk(r_lo, r_hi, ch.lo + lo, ch.lo + hi, block[lo:hi], ch.tokens[lo:hi], ch.pos[lo:hi], lrs)
+        return piece, dec_chunk[lo:hi], rows[:, i0:i1].T
+
+    def finish(self, moves: Transfers, record: list | None) -> None:
+        """The landed prefetches' transfers into ``moves`` (and ``record``)."""
+        if self.tr is not None:
+            x = int(self.state[self.F.S_TRANSFERS])
+            t, n, rows, meas = (a[:x] for a in self.tr)
+            T = self.T
+            moves.add(t, n, rows[:, 0], rows[:, 1:1 + T], rows[:, 1 + T:], meas)
+        if record is not None:
+            for y in range(int(self.state[self.F.S_LANDED])):
+                k = int(self.rec_k[y])
+                j = int(self.targets[k])
+                record.append(Synthetic(-1, float(self.rec_t[y]), int(self.plan.node[j]), np.zeros(0, np.int64),
+                                        np.zeros(0, np.int32), np.zeros(0, np.int32), j))
 
 
 def _bins(rel: np.ndarray, first: int, bin_s: float) -> np.ndarray:
