@@ -67,21 +67,23 @@ def first_at(rel: list[float], t: float) -> int:
 def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], nodes: int, targets: int,
          n_blocks: int):
     """``(node, moved, actions)``: ``actions[r]`` = the edits before request r, in order,
-    each ``(time, push order, edit)``."""
+    each ``(time, push order, edit, event index)``."""
     R = len(ts)
     rel = [t - ts[0] for t in ts] if R else []
     span = rel[-1] if R else 0.0
     node = list(node)
     moved = None
-    todo = []  # (request, time, order, action)
+    todo = []  # (request, time, order, action, event)
+    cur = [0]
 
     def add(t, action):
         r = first_at(rel, t) if t < math.inf else R
         if r < R:
-            todo.append((r, t, len(todo), action))
+            todo.append((r, t, len(todo), action, cur[0]))
 
     times = []
     for i, ev in enumerate(events):
+        cur[0] = i
         kind = ev["kind"]
         t = ev["at"]
         times.append(t)
@@ -130,8 +132,8 @@ def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], 
             raise AssertionError(kind)
     todo.sort(key=lambda x: (x[0], x[1], x[2]))
     actions: dict[int, list] = {}
-    for r, t, o, a in todo:
-        actions.setdefault(r, []).append((t, o, a))
+    for r, t, o, a, i in todo:
+        actions.setdefault(r, []).append((t, o, a, i))
     return node, moved, actions
 
 
@@ -240,7 +242,7 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
     R = len(req_start) - 1
     seq, pre = [], []  # per fed request: ("real", r) or ("grp", group); the edits before it
     for r in range(R):
-        items = [(t, o, "act", a) for t, o, a in actions.get(r, [])] + \
+        items = [(t, o, "act", (a, i)) for t, o, a, i in actions.get(r, [])] + \
                 [(g[1], g[2], "grp", g) for g in groups if g[0] == r]
         items.sort(key=lambda x: (x[0], x[1]))
         pending = []
@@ -273,15 +275,32 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
         a_start.append(len(a_block))
     hidden = []
     dropped = [0, 0]
+    lost_log = []  # (fed request, block, event): a block no tier (nor a set-aside flash) holds after an event's drop
+    hidden_at = {}  # fed request -> (the set-aside flash blocks, the outage's event) while a catalog is down
+    ctx = {}
+
+    def held(b):
+        return any(b in tier.blocks for tier in ctx["tiers"]) or bool(hidden and hidden[0] is not None and
+                                                                         b in hidden[0][0])
 
     def remove(tier, b):
         tier.take(b, size[b])
         dropped[0] += 1
         dropped[1] += size[b]
+        if not held(b):
+            lost_log.append((ctx["i"], b, ctx["ev"]))
 
     def before(i, drams, locals_, shared, shift):
         quantum = 2.0 ** (twin.HIST_MIN_EXP + shift)
-        for a in pre[i]:
+        ctx["i"] = i
+        ctx["tiers"] = drams + (locals_ or []) + ([shared] if shared is not None else [])
+        _edits(i, drams, locals_, shared, quantum)
+        if hidden and hidden[0] is not None:
+            hidden_at[i] = (set(hidden[0][0]), ctx["hide_ev"])
+
+    def _edits(i, drams, locals_, shared, quantum):
+        for a, ev in pre[i]:
+            ctx["ev"] = ev
             flash = [shared] if shared is not None and not hidden else []
             if a[0] == "pw_start":
                 if a[1] not in captured:
@@ -294,7 +313,9 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
                     for b in list(tier.blocks):
                         remove(tier, b)
                 if a[1] != "dram" and hidden:
+                    aside = list(hidden[0][0]) if hidden[0] is not None else []
                     hidden[0] = None  # lost while set aside
+                    lost_log.extend((i, b, ev) for b in aside if not held(b))
             elif a[0] == "target":
                 T, k = a[1], a[2]
                 if hidden:
@@ -306,12 +327,15 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
                                 used -= size[b]
                                 dropped[0] += 1
                                 dropped[1] += size[b]
+                                if not any(b in tier.blocks for tier in ctx["tiers"]):
+                                    lost_log.append((i, b, ev))
                         hidden[0] = (blocks, used)
                 else:
                     for b in list(shared.blocks):
                         if mix_hash(b) % T == k:
                             remove(shared, b)
             elif a[0] == "hide":
+                ctx["hide_ev"] = ev
                 hidden.append((shared.blocks, shared.used))
                 hidden.append(shared.capacity)
                 shared.blocks, shared.used, shared.capacity = OrderedDict(), 0, 0
@@ -373,6 +397,28 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
         for t in range(lo, hi):
             if moved_at.pop(a_block[t], None) is not None and dec[t] == DRAM and meas:
                 fig["useful_tokens"] += size[a_block[t]]
+    # reusable tokens recomputed, by cause: the event that last dropped the block (it was
+    # nowhere since), the catalog outage that holds it set aside, else capacity (None)
+    lost: dict = {}
+    log = {}
+    for i, b, ev in lost_log:
+        log.setdefault(i, []).append((b, ev))
+    recomputed: dict = {}
+    cold = out["cold"]
+    for i, (what, x) in enumerate(seq):
+        for b, ev in log.get(i, []):
+            lost[b] = ev
+        if what != "real":
+            continue
+        for t in range(a_start[i], a_start[i + 1]):
+            b = a_block[t]
+            if i >= first_slot and dec[t] == MISS and not cold[t]:
+                cause = lost.get(b)
+                if cause is None and i in hidden_at and b in hidden_at[i][0]:
+                    cause = hidden_at[i][1]
+                recomputed[cause] = recomputed.get(cause, 0) + int(a_tokens[t])
+            lost.pop(b, None)
+    out["recomputed_by_cause"] = recomputed
     keep = [t for i in real for t in range(a_start[i], a_start[i + 1])]
     out["decision"] = [dec[t] for t in keep]
     out["cold"] = [out["cold"][t] for t in keep]

@@ -93,6 +93,10 @@ def assert_equal_to_twin(trace, cfg):
     npt.assert_array_equal(out.prefix_tokens, [row[9] for row in want["req_out"]], err_msg="usable-prefix tokens")
     got_dropped = [sum(v[0] for v in out.dropped.values()), sum(v[1] for v in out.dropped.values())]
     assert got_dropped == want["dropped"]
+    by_cause = np.zeros(len(cfg.scenario[0].event) + 1)
+    for cause, tok in want["recomputed_by_cause"].items():
+        by_cause[0 if cause is None else cause + 1] += tok
+    npt.assert_array_equal(out.lost_tokens, by_cause, err_msg="reusable tokens missed, by cause")
     return dec, want
 
 

@@ -459,6 +459,10 @@ _SCENARIO = {
                                        "flash (queued on the load model's links with the requests' reads)"),
     "ttft_p99_recovery_ms": ("ms", "p99 TTFT of the measured requests from the first event until recovered (to the "
                                    "trace's end if not; null if unfinished requests reach the p99)"),
+    "lost_to_capacity_bytes": ("bytes", "bytes of blocks seen before that the measured requests missed and no event "
+                                        "had dropped: evicted for room (or never admitted)"),
+    "lost_to_events_bytes": ("bytes", "bytes of blocks seen before that the measured requests missed because an "
+                                      "event dropped them from every tier (or a catalog outage held them)"),
     "dropped_blocks": ("blocks", "blocks the events deleted from the tiers (a block once per tier)"),
     "dropped_bytes": ("bytes", "their bytes"),
 }
@@ -495,6 +499,7 @@ _SCENARIO_EVENTS = {
     "actions": ("count", "state edits it made (sweeps and steps count one each)"),
     "dropped_blocks": _SCENARIO["dropped_blocks"],
     "dropped_bytes": _SCENARIO["dropped_bytes"],
+    "lost_bytes": ("bytes", "of lost_to_events_bytes, those this event caused (a TTL's: hits lost to expiry)"),
 }
 
 #: Every result table: (where it is written, {column: (unit, meaning)}).

@@ -36,14 +36,15 @@ from numba import njit
 
 from kvtrace.config import NJIT
 from kvtrace.kernels.densify import mix_hash
-from kvtrace.kernels.tier_table import ABSENT, INFO, INFO_SIZE, INS, NEXT, PREV, TCH, unlink_row
+from kvtrace.kernels.tier_table import ABSENT, COLD_FLAG, INFO, INFO_SIZE, INS, MISS, NEXT, PREV, TCH, unlink_row
 
 
 
 
 @njit(**NJIT)
-def drop_all(st, used, X):
-    """Drop every entry of list ``X``; returns ``(blocks, tokens)`` dropped."""
+def drop_all(st, used, X, gone):
+    """Drop every entry of list ``X``; returns ``(blocks, tokens)`` dropped (their ids
+    into ``gone`` unless it is empty, as every drop here)."""
     M = st.shape[0] - 1
     b = st[M, X, NEXT]
     n = 0
@@ -51,6 +52,8 @@ def drop_all(st, used, X):
     while b != M:
         nxt = st[b, X, NEXT]
         st[b, X, PREV] = ABSENT
+        if gone.shape[0]:
+            gone[n] = b
         n += 1
         tok += st[b, INFO, INFO_SIZE]
         b = nxt
@@ -61,7 +64,7 @@ def drop_all(st, used, X):
 
 
 @njit(**NJIT)
-def drop_target(st, used, X, T, k):
+def drop_target(st, used, X, T, k, gone):
     """Drop the entries of list ``X`` whose flash target (``mix_hash(b, 0) % T``) is
     ``k``; returns ``(blocks, tokens)`` dropped."""
     M = st.shape[0] - 1
@@ -72,6 +75,8 @@ def drop_target(st, used, X, T, k):
         nxt = st[b, X, NEXT]
         if np.int64(mix_hash(np.uint64(b), 0) % np.uint64(T)) == k:
             unlink_row(st, X, b)
+            if gone.shape[0]:
+                gone[n] = b
             n += 1
             tok += st[b, INFO, INFO_SIZE]
         b = nxt
@@ -80,7 +85,7 @@ def drop_target(st, used, X, T, k):
 
 
 @njit(**NJIT)
-def drop_idle(st, used, X, by_insert, cutoff):
+def drop_idle(st, used, X, by_insert, cutoff, gone):
     """Drop, from the old end of list ``X``, the entries whose last touch (insertion
     with ``by_insert``) is before ``cutoff`` (time quanta), stopping at the first that
     is not; returns ``(blocks, tokens)`` dropped. The list must be ordered by that
@@ -93,6 +98,8 @@ def drop_idle(st, used, X, by_insert, cutoff):
     while b != M and st[b, X, field] < cutoff:
         nxt = st[b, X, NEXT]
         unlink_row(st, X, b)
+        if gone.shape[0]:
+            gone[n] = b
         n += 1
         tok += st[b, INFO, INFO_SIZE]
         b = nxt
@@ -101,7 +108,7 @@ def drop_idle(st, used, X, by_insert, cutoff):
 
 
 @njit(**NJIT)
-def drop_namespace(st, used, X, bound, budget):
+def drop_namespace(st, used, X, bound, budget, gone):
     """Drop, from the old end of list ``X``, the entries of blocks ``< bound`` while
     each one's size fits what is left of ``budget`` tokens (stopping at the first that
     does not); returns ``(blocks, tokens)`` dropped."""
@@ -116,11 +123,48 @@ def drop_namespace(st, used, X, bound, budget):
             if tok + s > budget:
                 break
             unlink_row(st, X, b)
+            if gone.shape[0]:
+                gone[n] = b
             n += 1
             tok += s
         b = nxt
     used[X] -= tok
     return n, tok
+
+
+@njit(**NJIT)
+def mark_lost(st, ids, lists, aside, code, lost):
+    """``lost[b] = code`` for each of ``ids`` that no list of ``lists`` holds, nor the
+    set-aside flash list ``aside`` (its ``PREV`` column; empty: none): a block an event
+    dropped from everywhere."""
+    for b in ids:
+        held = aside.shape[0] > 0 and aside[b] != ABSENT
+        for X in lists:
+            if st[b, X, PREV] != ABSENT:
+                held = True
+                break
+        if not held:
+            lost[b] = code
+
+
+@njit(**NJIT)
+def attribute(block, decision, tokens, lrs, r0, first, lost, aside, aside_code, out):
+    """The tokens of the measured real requests ``r0..`` (requests ``>= first``) whose
+    access missed a block seen before (decision MISS, not cold), by cause into ``out``:
+    ``out[lost[b]]`` (0: capacity; ``e + 1``: event e dropped it and it was nowhere
+    since), or ``out[aside_code]`` when a catalog outage holds it set aside (``aside``,
+    its ``PREV`` column; empty: no outage). Every access then clears ``lost[b]``."""
+    for r in range(lrs.shape[0] - 1):
+        meas = r0 + r >= first
+        for t in range(lrs[r], lrs[r + 1]):
+            b = block[t]
+            d = decision[t]
+            if meas and (d & 3) == MISS and (d & COLD_FLAG) == 0:
+                c = lost[b]
+                if c == 0 and aside.shape[0] > 0 and aside[b] != ABSENT:
+                    c = aside_code
+                out[c] += tokens[t]
+            lost[b] = 0
 
 
 # prefetch accounting (float64 sums): requests, blocks and tokens moved, tokens moved whose block's next access
@@ -224,6 +268,6 @@ def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absen
              pf)
 
 
-__all__ = ["N_PF", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
+__all__ = ["N_PF", "attribute", "mark_lost", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
            "PF_USEFUL", "account_requests", "drop_all", "drop_idle", "drop_namespace", "drop_target", "land",
            "mark_absent", "present_prefix", "read", "transfer_rows"]

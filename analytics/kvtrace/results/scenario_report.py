@@ -29,6 +29,7 @@ TABLE = (("scenario", "scenario", "s"), ("ttft_p50_ms", "TTFT p50 ms", "ms"), ("
          ("extra_prefill_gpu_seconds", "extra prefill vs plain", "f"),
          ("hit_rate_shortfall", "worst bin below plain", "pp"), ("recovered_after_s", "recovered after", "t"),
          ("wait_p99_flash_ms", "flash wait p99 ms", "ms"), ("wait_p99_gpu_ms", "GPU wait p99 ms", "ms"),
+         ("lost_to_capacity_bytes", "missed: capacity", "B"), ("lost_to_events_bytes", "missed: events", "B"),
          ("dropped_bytes", "dropped", "B"))
 
 
@@ -136,7 +137,8 @@ def _blocks(result, trace_name: str) -> list[tuple]:
     ev = result.events
     ev_rows = [[r["scenario"], r["text"], "-" if r.get("at_s") is None else f"{r['at_s']:,.0f} s",
                 "-" if r.get("first_request") is None else f"{r['first_request']:,}", f"{r['dropped_blocks']:,}",
-                format_bytes(r["dropped_bytes"])] for r in ev.to_dicts()] if ev.height else []
+                format_bytes(r["dropped_bytes"]), format_bytes(r["lost_bytes"])] for r in ev.to_dicts()] \
+        if ev.height else []
     return [
         ("h1", f"kvtrace scenario: {trace_name}"),
         ("p", f"Assumed: {info['assumptions']}."),
@@ -145,7 +147,8 @@ def _blocks(result, trace_name: str) -> list[tuple]:
         *([("h2", "Prestaging"), ("table", *prefetch_rows(result.table))] if prefetch_rows(result.table)[1] else []),
         *([("h2", "Prewarming"), ("table", *prewarm_rows(result.table))] if prewarm_rows(result.table)[1] else []),
         ("h2", "Events"),
-        ("table", ["scenario", "event", "at", "first request", "blocks dropped", "bytes dropped"], ev_rows),
+        ("table", ["scenario", "event", "at", "first request", "blocks dropped", "bytes dropped",
+                   "missed because of it"], ev_rows),
         ("h2", "Timeline"),
         ("chart",),
     ]

@@ -32,7 +32,7 @@ from kvtrace.analyses.scenario.config import (CatalogOutage, ColdStart, Congesti
                                               Restored, Rollout, ScenarioFile, TargetLoss, Ttl)
 from kvtrace.errors import UsageError
 from kvtrace.kernels import scenario_ops as ops
-from kvtrace.kernels.tier_table import LIST0
+from kvtrace.kernels.tier_table import ABSENT, LIST0, PREV
 from kvtrace.kernels.tiers import TierSimulator
 
 #: Seeds of the per-session coin of each transform (independent of the routing hash).
@@ -275,12 +275,26 @@ class Editor:
         self.n_old = n_old
         self.quantum = quantum_s
         self.hidden = None
+        self.hide_event = -1
         self.dropped = {}  # event index -> [blocks, tokens]
+        n_ids = sim.st.shape[0] - 1
+        self.gone = np.empty(n_ids, dtype=np.int64)  # the ids one drop removed
+        #: per block: event index + 1 of the event that dropped it from everywhere, until its next access (0: none)
+        self.lost = np.zeros(n_ids, dtype=np.int32)
+        self.lists = np.array(self.dram + self.local + self.flash, dtype=np.int64)
+
+    def aside(self) -> np.ndarray:
+        """The set-aside flash list's ``PREV`` column during a catalog outage (else empty)."""
+        if self.hidden is None or len(self.hidden) == 1:
+            return np.zeros(0, dtype=self.sim.st.dtype)
+        return self.hidden[0][:-1, PREV]
 
     def _count(self, ev: int, n: int, tok: int) -> None:
         d = self.dropped.setdefault(ev, [0, 0])
         d[0] += int(n)
         d[1] += int(tok)
+        if n:
+            ops.mark_lost(self.sim.st, self.gone[:n], self.lists, self.aside(), ev + 1, self.lost)
 
     def apply(self, a: Action) -> None:
         st, used = self.sim.st, self.sim.used
@@ -289,13 +303,17 @@ class Editor:
             for X in lists:
                 if self.hidden is not None and X in self.flash:
                     continue  # the catalog is down: its blocks are set aside, lost when it is back
-                self._count(a.event, *ops.drop_all(st, used, X))
+                self._count(a.event, *ops.drop_all(st, used, X, self.gone))
             if self.hidden is not None and a.args[0] != "dram":
+                aside = self.aside()
                 self.hidden = ("lost",)
+                if aside.shape[0]:  # the set-aside blocks are gone too
+                    ids = np.nonzero(aside != ABSENT)[0].astype(np.int64)
+                    ops.mark_lost(st, ids, self.lists, np.zeros(0, dtype=st.dtype), a.event + 1, self.lost)
         elif a.kind == "target":
             T, k = a.args
             if self.hidden is None:
-                self._count(a.event, *ops.drop_target(st, used, self.flash[0], T, k))
+                self._count(a.event, *ops.drop_target(st, used, self.flash[0], T, k, self.gone))
             else:
                 self._hidden_target(a.event, T, k)
         elif a.kind == "hide":
@@ -303,7 +321,8 @@ class Editor:
                 raise UsageError("two catalog outages overlap", field="scenario.event.duration")
             X = self.flash[0]
             self.hidden = (st[:, X, :].copy(), int(used[X]), int(self.sim.cap[X]))
-            ops.drop_all(st, used, X)
+            self.hide_event = a.event
+            ops.drop_all(st, used, X, np.zeros(0, dtype=np.int64))
             self.sim.cap[X] = 0
         elif a.kind == "show":
             X = self.flash[0]
@@ -328,13 +347,13 @@ class Editor:
                 for X in lists:
                     if self.hidden is not None and X in self.flash:
                         continue
-                    self._count(a.event, *ops.drop_idle(st, used, X, fifo, cutoff))
+                    self._count(a.event, *ops.drop_idle(st, used, X, fifo, cutoff, self.gone))
         elif a.kind == "retire":
             budget = int(a.args[0] // self.bpt)
             for X in self.dram + self.local + self.flash:
                 if self.hidden is not None and X in self.flash:
                     continue
-                self._count(a.event, *ops.drop_namespace(st, used, X, self.n_old, budget))
+                self._count(a.event, *ops.drop_namespace(st, used, X, self.n_old, budget, self.gone))
         else:  # pragma: no cover
             raise AssertionError(a.kind)
 
@@ -349,10 +368,10 @@ class Editor:
         st[:, X, :] = col
         used = np.zeros_like(self.sim.used)
         used[X] = u
-        n, tok = ops.drop_target(st, used, X, T, k)
-        self._count(ev, n, tok)
+        n, tok = ops.drop_target(st, used, X, T, k, self.gone)
         self.hidden = (st[:, X, :].copy(), int(used[X]), cap)
         st[:, X, :] = saved
+        self._count(ev, n, tok)
 
 
 __all__ = ["Action", "BASELINE", "Editor", "EventPlan", "MIGRATION_SEED", "PrestagePlan", "ROLLOUT_SEED",

@@ -32,8 +32,8 @@ from kvtrace.analyses.whatif.simulate import tier_rules
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
-                                          PF_REQUESTS, PF_USEFUL, account_requests, land, mark_absent, present_prefix,
-                                          transfer_rows)
+                                          PF_REQUESTS, PF_USEFUL, account_requests, attribute, land, mark_absent,
+                                          present_prefix, transfer_rows)
 from kvtrace.kernels.tier_table import (ABSENT, COUNT_NAMES, LIST0, PREV, R_MISS_Q, R_MISS_TOK, R_PRE_TOK, R_SRC,
                                         R_TOTAL_TOK, REQ_FETCH, REQ_REAL)
 from kvtrace.model import GpuSpec, ModelSpec
@@ -53,6 +53,7 @@ class ReplayOut:
     prefetch: dict | None = None  # the prestaging figures (tokens, token-seconds), with a prestage event
     prewarm: dict | None = None  # the prewarming figures (tokens), with a prewarm event
     transfers: Transfers | None = None  # the moves into DRAM, for the load model's links
+    lost_tokens: np.ndarray | None = None  # float64[events + 1]: reusable tokens missed by cause (0: capacity)
 
 
 @dataclass
@@ -156,6 +157,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
     pf_landed = np.zeros(pf_moved.shape[0], dtype=np.float64)
     pf_absent = np.zeros(trace.n_accesses if pre is not None else 0, dtype=np.int8)  # per access of a prestaged turn
     pw = np.zeros(N_PF, dtype=np.float64)
+    lost_tok = np.zeros(len(plan.event_times) + 1, dtype=np.float64)
     pw_moved = np.zeros(size.shape[0] if plan.prewarms else 0, dtype=np.int8)
     pw_landed = np.zeros(pw_moved.shape[0], dtype=np.float64)
     no_absent = np.zeros(trace.n_accesses if plan.prewarms else 0, dtype=np.int8)
@@ -213,9 +215,12 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
             rec[r_lo:r_hi] = (a_coef * q[:, R_MISS_TOK] + b_coef * q[:, R_MISS_Q]) / response.recompute_flops_per_s
         else:
             rec[r_lo:r_hi] = q[:, R_MISS_TOK] / tps if tps > 0 else np.inf
+        blk = np.ascontiguousarray(piece.block, dtype=np.int64)
+        attribute(blk, decision, piece.tokens, piece.lrs, r_lo, first, editor.lost, editor.aside(),
+                  editor.hide_event + 1, lost_tok)
         if plan.prewarms:
-            account_requests(np.ascontiguousarray(piece.block, dtype=np.int64), decision, piece.lrs, r_lo, rel, size,
-                             pw_moved, pw_landed, no_absent[piece.lo:piece.hi], pw, first)
+            account_requests(blk, decision, piece.lrs, r_lo, rel, size, pw_moved, pw_landed,
+                             no_absent[piece.lo:piece.hi], pw, first)
 
     def feed_real(ch, r_lo: int, r_hi: int) -> None:
         if bulk is not None:
@@ -361,7 +366,7 @@ def replay(trace, cfg: ScenarioFile, plan: EventPlan, *, model: ModelSpec, respo
         warmed = {"prewarm_groups": int(pw[PF_REQUESTS]), "moved_tokens": float(pw[PF_MOVED]),
                   "useful_tokens": float(pw[PF_USEFUL]), "displaced_tokens": float(pw[PF_DISPLACED])}
     return ReplayOut(demand, pre_tok, tot, rec, counts, editor.dropped, figures, warmed,
-                     moves if len(moves) else None)
+                     moves if len(moves) else None, lost_tok)
 
 
 class Fifo:
@@ -662,6 +667,8 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         s["background_read_bytes"] = float(tl["background_read_bytes"].sum())
         s["ttft_p99_recovery_ms"] = _p99_between(ttft, rel, first, ev_t,
                                                  ev_t + rec_s if rec_s is not None else math.inf)
+        s["lost_to_capacity_bytes"] = float(out.lost_tokens[0]) * bpt
+        s["lost_to_events_bytes"] = float(out.lost_tokens[1:].sum()) * bpt
         s["dropped_blocks"] = int(sum(v[0] for v in out.dropped.values()))
         s["dropped_bytes"] = float(sum(v[1] for v in out.dropped.values()) * model.kv_bytes_per_token)
         rows.append(s)
@@ -675,7 +682,8 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
                             "at_s": plan.event_times[i] if plan.event_times[i] < math.inf else None,
                             "first_request": plan.event_first[i],
                             "actions": len(acts), "dropped_blocks": int(d[0]),
-                            "dropped_bytes": float(d[1]) * model.kv_bytes_per_token})
+                            "dropped_bytes": float(d[1]) * model.kv_bytes_per_token,
+                            "lost_bytes": float(out.lost_tokens[i + 1]) * bpt})
     table = pl.DataFrame(rows, infer_schema_length=None)
     events_df = pl.DataFrame(ev_rows, infer_schema_length=None) if ev_rows else pl.DataFrame(
         schema={"scenario": pl.String, "event": pl.Int64, "kind": pl.String})

@@ -96,8 +96,8 @@ st.altair_chart(timeline_chart(result), use_container_width=False)
 st.subheader("Events")
 ev = result.events
 if ev.height:
-    st.dataframe(ev.select("scenario", "text", "at_s", "first_request", "dropped_blocks", "dropped_bytes"),
-                 hide_index=True, use_container_width=True)
+    st.dataframe(ev.select("scenario", "text", "at_s", "first_request", "dropped_blocks", "dropped_bytes",
+                           "lost_bytes"), hide_index=True, use_container_width=True)
 st.caption(f"Assumed: {result.info['assumptions']}.")
 dl = st.columns(3)
 dl[0].download_button("JSON", json.dumps(json_safe(result.to_dict()), indent=1), file_name="scenarios.json",
