@@ -100,6 +100,15 @@ def plan(events: list[dict], ts: list[float], keys: list[int], node: list[int], 
             add(t + ev["duration"], ("show",))
         elif kind == "ttl":
             ttls = (ev.get("dram", math.inf), ev.get("local_ssd", math.inf), ev.get("shared_flash", math.inf))
+            if ev.get("by"):  # per class: a tier's TTL a number or {class: ttl, "*": the others}
+                if all(x == math.inf or (isinstance(x, dict) and all(v == math.inf for v in x.values()))
+                       for x in ttls):
+                    continue
+                k = 0
+                while t + k * ev["sweep"] <= span:
+                    add(t + k * ev["sweep"], ("expire_by", t + k * ev["sweep"], ttls))
+                    k += 1
+                continue
             if all(x == math.inf for x in ttls):
                 continue
             k = 0
@@ -146,10 +155,11 @@ class _Capture(Exception):
 
 
 def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, targets, bpt, flash_lru=True,
-        flops=(0.0, 0.0), **kw):
+        flops=(0.0, 0.0), req_class=None, **kw):
     """The twin's replay of a scenario: ``naive_tiers.simulate_tiers``'s dict (the real
     requests' entries) plus ``dropped`` (blocks, tokens removed by the events) and, with
-    a prewarm, ``prewarm`` (its figures, tokens). ``flops``: the model's ``(a, b)``."""
+    a prewarm, ``prewarm`` (its figures, tokens). ``flops``: the model's ``(a, b)``;
+    ``req_class``: each request's class (a TTL ``by`` type or tenant)."""
     M = len(size)
     node, moved, actions = plan(events, list(ts), keys, node, nodes, targets, M)
     block = [int(b) for b in block]
@@ -161,6 +171,12 @@ def run(block, size, req_start, tokens, pos, ts, keys, node, events, *, nodes, t
                     block[t] += M
         size = size + size
     rel = [t - ts[0] for t in ts]
+    bclass = {}  # a block id's class: its first request's
+    if req_class is not None:
+        for r in range(len(req_start) - 1):
+            for t in range(req_start[r], req_start[r + 1]):
+                bclass.setdefault(block[t], req_class[r])
+    kw["bclass"] = (bclass, sorted(set(req_class or [])))
     n_static = sum(len(v) for v in actions.values())
     groups: list = []  # (request, time, order, node, blocks, tokens, pos, start)
     captured: set = set()
@@ -236,7 +252,7 @@ def prewarm_groups(ev, c, block, size, req_start, tokens, pos, rel, node, *, nod
 
 
 def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, captured, *, M, nodes, bpt, flash_lru,
-             **kw):
+             bclass, **kw):
     """One replay with ``groups`` fed; raises :class:`_Capture` at a prewarm's start not
     yet in ``captured``."""
     R = len(req_start) - 1
@@ -360,6 +376,27 @@ def _attempt(block, size, req_start, tokens, pos, ts, node, actions, groups, cap
                             if (ins if fifo else tch) >= cutoff:
                                 break
                             remove(tier, b)
+            elif a[0] == "expire_by":
+                _, t, ttls = a
+                classes, names = bclass
+
+                def cutoff(spec, c):
+                    ttl = spec.get(c, spec.get("*", math.inf)) if isinstance(spec, dict) else spec
+                    return None if ttl == math.inf else math.ceil((t - ttl) / quantum)
+
+                for tiers, spec, fifo in ((drams, ttls[0], False), (locals_ or [], ttls[1], not flash_lru),
+                                          (flash, ttls[2], not flash_lru)):
+                    finite = [x for x in (cutoff(spec, c) for c in names) if x is not None]
+                    if not finite:
+                        continue
+                    for tier in tiers:
+                        for b in list(tier.blocks):  # from the old end, until no class could have expired
+                            ins, tch = tier.blocks[b]
+                            if (ins if fifo else tch) >= max(finite):
+                                break
+                            c = cutoff(spec, classes[b])
+                            if c is not None and (ins if fifo else tch) < c:
+                                remove(tier, b)
             elif a[0] == "retire":
                 budget = int(a[1] // bpt)
                 for tier in drams + (locals_ or []) + flash:

@@ -66,6 +66,8 @@ def twin_run(trace, cfg):
     node = route(trace, sysc.nodes, sysc.routing).tolist()
     a = trace.accesses
     policy = cfg.tier_config().parsed_policy
+    by = next((e.by for e in cfg.scenario[0].event if e.kind == "ttl" and e.by), None)
+    req_class = [str(x) for x in req[by].to_list()] if by else None
     return naive_scenario.run(
         a.block, trace.block_size, list(trace.req_start), a.tokens, a.pos, trace.request_timestamp, keys, node, ev,
         nodes=sysc.nodes, targets=load.flash_targets, bpt=BPT, flash_lru=sysc.flash_order == "lru",
@@ -73,7 +75,7 @@ def twin_run(trace, cfg):
         dram=sysc.dram // BPT, local=sysc.local_ssd // BPT, flash=sysc.flash // BPT,
         policy=POLICY_NAMES[sysc.policy], param=policy.param, promotion=sysc.promotion,
         write_through=sysc.write_mode == "write-through", first_measured=0, sketch_width=_width(trace, cfg),
-        flops=MODEL.flops_coefficients())
+        flops=MODEL.flops_coefficients(), req_class=req_class)
 
 
 def _width(trace, cfg) -> int:
@@ -117,6 +119,11 @@ EVENTS = [
     [{"kind": "rollout", "at": "20%", "ramp": "2min", "retire_gbps": 3, "step": "30s"}],
     [{"kind": "ttl", "at": 0, "dram": "20s", "local_ssd": "1min", "shared_flash": "3min", "sweep": "5s"}],
     [{"kind": "ttl", "at": "50%", "dram": "2min", "sweep": "17s"}, {"kind": "restored", "at": "70%"}],
+    [{"kind": "ttl", "at": "10%", "by": "tenant", "sweep": "6s", "dram": {"*": "30s"},
+      "shared_flash": {"chat-00": "20s", "chat-01": "inf", "*": "90s"}}],
+    [{"kind": "ttl", "at": 0, "by": "type", "sweep": "5s", "shared_flash": {"rag": "15s", "agent": "2min"},
+      "local_ssd": "40s"}, {"kind": "rollout", "at": "40%", "share": 0.5, "ramp": "1min"},
+     {"kind": "catalog-outage", "at": "60%", "duration": "1min"}],
 ]
 
 
@@ -168,7 +175,7 @@ def test_prewarm_equals_twin(seed, order, events):
 @pytest.mark.parametrize("events", EVENTS, ids=lambda e: "+".join(x["kind"] for x in e))
 def test_scenario_replay_equals_twin(seed, events):
     rng = np.random.default_rng(seed)
-    trace = small_trace(60, seed)
+    trace = small_trace(60, seed, kind="mixed" if any(e.get("by") for e in events) else "chat")
     total = int(np.asarray(trace.block_size).sum())
     system = {
         "dram": _bytes(int(rng.integers(1, max(2, total // 6)))),
@@ -710,3 +717,36 @@ def test_compiled_budgeted_prestage_equals_the_python_path(seed, gbps, others):
         for a, b in zip(out0.transfers.arrays(measured=True), out1.transfers.arrays(measured=True)):
             npt.assert_array_equal(a, b)
     assert out0.prefetch["prefetch_requests"] > 0 or not rec0
+
+
+def test_ttl_by_class_with_one_value_is_the_plain_ttl_and_infinite_classes_keep_their_blocks():
+    """A TTL table giving every class the same TTL is that TTL; a table whose classes
+    are all infinite is no TTL; a finite class drops only its own blocks."""
+    trace = small_trace(300, 4, kind="mixed")
+    sys_ = {"dram": "24GiB", "flash": "200GiB", "nodes": 2}
+    flat = {"kind": "ttl", "at": 0, "dram": "30s", "shared_flash": "2min", "sweep": "5s"}
+    dec0, out0, _ = compiled(trace, config(sys_, [flat]))
+    types = sorted(set(trace.requests["type"].to_list()))
+    for table in ({t: "2min" for t in types}, {"*": "2min"}):
+        dec, out, _ = compiled(trace, config(sys_, [{**flat, "by": "type", "shared_flash": table,
+                                                     "dram": {"*": "30s"}}]))
+        npt.assert_array_equal(dec, dec0)
+        assert out.dropped == out0.dropped
+    plain, _, _ = compiled(trace, config(sys_, []))
+    dec, out, _ = compiled(trace, config(sys_, [{**flat, "by": "type", "dram": {"*": "inf"},
+                                                 "shared_flash": {t: "inf" for t in types}}]))
+    npt.assert_array_equal(dec, plain)
+    from kvtrace.analyses.scenario.events import block_classes
+
+    klass, names = block_classes(trace, "type", None)
+    # each block's class is its first request's type
+    blocks = np.asarray(trace.accesses.block)
+    req_of = np.repeat(np.arange(trace.n_requests), np.diff(np.asarray(trace.req_start)))
+    first_req = {}
+    for b, r in zip(blocks.tolist(), req_of.tolist()):
+        first_req.setdefault(b, r)
+    types_of = trace.requests["type"].to_list()
+    assert all(names[klass[b]] == types_of[r] for b, r in first_req.items())
+    dec, out, _ = compiled(trace, config(sys_, [{"kind": "ttl", "at": 0, "by": "type", "sweep": "5s",
+                                                 "shared_flash": {"rag": "10s"}}]))
+    assert sum(v[0] for v in out.dropped.values()) > 0

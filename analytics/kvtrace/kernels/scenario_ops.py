@@ -16,12 +16,15 @@ accessed again is a miss, not a first access.
 - :func:`drop_idle` drops, from the old end, the entries whose time field (last touch
   for an LRU list, insertion for a FIFO list: the list's own order, so the expired
   entries are a run at its old end) is older than a cutoff (a TTL sweep);
+- :func:`drop_idle_classes` is :func:`drop_idle` with a cutoff per block class (a TTL
+  by request type or tenant);
 - :func:`drop_namespace` drops, from the old end, the entries of blocks below an id
   bound (an old model version's namespace) while their sizes fit a token budget
   (retirement at a rate).
 
-Every operation is O(entries dropped), but :func:`drop_target` and
-:func:`drop_namespace`, which walk the list (O(entries passed)).
+Every operation is O(entries dropped), but :func:`drop_target`,
+:func:`drop_idle_classes` and :func:`drop_namespace`, which walk the list (O(entries
+passed)).
 
 Prestaging (a prefetch is replayed as a request of the tier simulator): which leading
 blocks of a predicted list a node's tiers hold (:func:`present_prefix`), and the
@@ -102,6 +105,30 @@ def drop_idle(st, used, X, by_insert, cutoff, gone):
             gone[n] = b
         n += 1
         tok += st[b, INFO, INFO_SIZE]
+        b = nxt
+    used[X] -= tok
+    return n, tok
+
+
+@njit(**NJIT)
+def drop_idle_classes(st, used, X, by_insert, cutoffs, klass, gone):
+    """:func:`drop_idle` with a cutoff per class: drop the entries whose time field is
+    before ``cutoffs[klass[b]]``, walking from the old end while it is before the
+    largest cutoff (past it, no class's entry has expired). O(entries passed)."""
+    M = st.shape[0] - 1
+    field = INS if by_insert else TCH
+    top = cutoffs.max()
+    n = 0
+    tok = 0
+    b = st[M, X, NEXT]
+    while b != M and st[b, X, field] < top:
+        nxt = st[b, X, NEXT]
+        if st[b, X, field] < cutoffs[klass[b]]:
+            unlink_row(st, X, b)
+            if gone.shape[0]:
+                gone[n] = b
+            n += 1
+            tok += st[b, INFO, INFO_SIZE]
         b = nxt
     used[X] -= tok
     return n, tok
@@ -268,6 +295,6 @@ def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absen
              pf)
 
 
-__all__ = ["N_PF", "attribute", "mark_lost", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
+__all__ = ["N_PF", "attribute", "drop_idle_classes", "mark_lost", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
            "PF_USEFUL", "account_requests", "drop_all", "drop_idle", "drop_namespace", "drop_target", "land",
            "mark_absent", "present_prefix", "read", "transfer_rows"]

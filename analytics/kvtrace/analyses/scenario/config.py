@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.units import parse_size
@@ -163,18 +163,43 @@ class Ttl(_Event):
     ``at`` on: a sweep every ``sweep`` seconds deletes the blocks idle longer than their
     tier's TTL (since their last touch; in a FIFO flash tier, since they were written),
     wherever they stand in the tier's order. A block that expires between sweeps is
-    still served until the next one, as with a periodic expiry scan."""
+    still served until the next one, as with a periodic expiry scan.
+
+    With ``by = "type"`` or ``"tenant"`` a tier's TTL may be a table by class (``{chat =
+    "10min", agent = "2h", "*" = "1h"}``; ``*``: the other classes, else none): a block's
+    class is that of the request that first used it."""
 
     kind: Literal["ttl"]
-    dram: float = math.inf
-    local_ssd: float = math.inf
-    shared_flash: float = math.inf
+    dram: float | dict[str, float] = math.inf
+    local_ssd: float | dict[str, float] = math.inf
+    shared_flash: float | dict[str, float] = math.inf
     sweep: float = 1.0
+    by: Literal["type", "tenant"] | None = None
 
-    @field_validator("dram", "local_ssd", "shared_flash", "sweep", mode="before")
+    @field_validator("dram", "local_ssd", "shared_flash", mode="before")
     @classmethod
     def _t(cls, v):
+        if isinstance(v, dict):
+            return {str(k): seconds(x, what=f"the TTL of class {k!r}") for k, x in v.items()}
         return seconds(v)
+
+    @field_validator("sweep", mode="before")
+    @classmethod
+    def _s(cls, v):
+        return seconds(v)
+
+    @model_validator(mode="after")
+    def _classes(self):
+        if self.by is None and any(isinstance(x, dict) for x in (self.dram, self.local_ssd, self.shared_flash)):
+            raise ValueError("a TTL by class needs by = \"type\" or \"tenant\"")
+        return self
+
+    def of_class(self, tier: str, name: str) -> float:
+        """The TTL (seconds) of tier ``dram``, ``local_ssd`` or ``shared_flash`` for a class."""
+        v = getattr(self, tier)
+        if not isinstance(v, dict):
+            return v
+        return v.get(name, v.get("*", math.inf))
 
 
 class Congestion(_Event):

@@ -127,6 +127,35 @@ def predecessors(trace) -> np.ndarray:
     return out
 
 
+def class_names(trace, by: str) -> list[str]:
+    """The classes of the requests (``by``: their ``type`` or ``tenant``), sorted."""
+    req = trace.requests
+    if by not in req.columns:
+        raise UsageError(f"a TTL by {by} needs the trace's {by} column", field="scenario.event.by")
+    return [str(x) for x in np.unique(req[by].cast(str).fill_null("").to_numpy())]
+
+
+def block_classes(trace, by: str, moved) -> tuple[np.ndarray, list[str]]:
+    """int32 per block id (both namespaces with a rollout's ``moved``): the index in
+    :func:`class_names` of the class of the request that first used the id (0 for an id
+    no request uses); and the class names."""
+    if not hasattr(trace, "accesses"):
+        raise UsageError("a TTL by class reads each block's first request: it needs the trace in memory",
+                         field="scenario.event.by")
+    names = class_names(trace, by)
+    _, req_class = np.unique(trace.requests[by].cast(str).fill_null("").to_numpy(), return_inverse=True)
+    M = int(trace.n_blocks)
+    lens = np.diff(np.asarray(trace.req_start, dtype=np.int64))
+    ids = np.asarray(trace.accesses.block, dtype=np.int64)
+    if moved is not None:
+        ids = ids + np.repeat(np.where(moved, M, 0).astype(np.int64), lens)
+    first = np.full(2 * M if moved is not None else M, -1, dtype=np.int64)
+    uniq, at = np.unique(ids, return_index=True)
+    first[uniq] = np.repeat(np.arange(lens.shape[0]), lens)[at]
+    out = np.where(first >= 0, req_class[np.maximum(first, 0)], 0).astype(np.int32)
+    return out, names
+
+
 def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int) -> EventPlan:
     """Resolve ``events`` (of one scenario) against ``trace``: the transforms, and the
     state edits with the request each applies before."""
@@ -177,14 +206,22 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             add(t, "hide", (), i)
             add(t + ev.duration, "show", (), i)
         elif isinstance(ev, Ttl):
-            ttls = (ev.dram, ev.local_ssd, ev.shared_flash)
-            if all(x == math.inf for x in ttls):
-                continue
+            tiers = ("dram", "local_ssd", "shared_flash")
+            klass = None
+            if ev.by is None:
+                ttls = tuple(getattr(ev, x) for x in tiers)
+                if all(x == math.inf for x in ttls):
+                    continue
+            else:  # the blocks' classes once every event is planned (a rollout's namespace may come later)
+                klass, names = ev.by, class_names(trace, ev.by)
+                ttls = tuple(np.array([ev.of_class(x, c) for c in names], dtype=np.float64) for x in tiers)
+                if all(np.isinf(x).all() for x in ttls):
+                    continue
             if not ev.sweep > 0:
                 raise UsageError("expected a sweep interval > 0", field="scenario.event.sweep")
             k_last = math.floor((span - t) / ev.sweep) if span >= t else -1
             for k in range(k_last + 1):
-                add(t + k * ev.sweep, "expire", ttls, i)
+                add(t + k * ev.sweep, "expire", (ttls, klass), i)
         elif isinstance(ev, Migration):
             if sysc.nodes < 2:
                 raise UsageError("a migration event needs at least two nodes ([system] nodes)", field="system.nodes")
@@ -254,6 +291,12 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
                     add(end + (k + 1) * ev.step, "retire", (ev.retire_gbps * 1e9 * ev.step,), i)
         else:  # pragma: no cover - the schema admits no other kind
             raise AssertionError(ev)
+    classes: dict = {}
+    for a in actions:
+        if a.kind == "expire" and isinstance(a.args[1], str):
+            if a.args[1] not in classes:
+                classes[a.args[1]] = block_classes(trace, a.args[1], moved)[0]
+            a.args = (a.args[0], classes[a.args[1]])
     actions.sort(key=lambda a: (a.request, a.time_s, a.order))
     first = [at_request(t) for t in times]
     return EventPlan(node, moved, actions, times, [r if r < R else None for r in first], prestage, congestion,
@@ -338,16 +381,24 @@ class Editor:
             used[X] = u
             self.sim.cap[X] = cap
         elif a.kind == "expire":
-            ttls = a.args
+            ttls, klass = a.args
             for lists, ttl, fifo in ((self.dram, ttls[0], False), (self.local, ttls[1], not self._flash_lru),
                                      (self.flash, ttls[2], not self._flash_lru)):
-                if ttl == math.inf:
+                if np.isinf(ttl).all():
                     continue
-                cutoff = math.ceil((a.time_s - ttl) / self.quantum)
+                if klass is None:
+                    cutoff = math.ceil((a.time_s - ttl) / self.quantum)
+                else:  # a cutoff per class; none (the smallest quantum) where the TTL is infinite
+                    with np.errstate(invalid="ignore"):
+                        c = np.ceil((a.time_s - ttl) / self.quantum)
+                    cutoff = np.where(np.isinf(ttl), np.iinfo(np.int64).min, c).astype(np.int64)
                 for X in lists:
                     if self.hidden is not None and X in self.flash:
                         continue
-                    self._count(a.event, *ops.drop_idle(st, used, X, fifo, cutoff, self.gone))
+                    if klass is None:
+                        self._count(a.event, *ops.drop_idle(st, used, X, fifo, cutoff, self.gone))
+                    else:
+                        self._count(a.event, *ops.drop_idle_classes(st, used, X, fifo, cutoff, klass, self.gone))
         elif a.kind == "retire":
             budget = int(a.args[0] // self.bpt)
             for X in self.dram + self.local + self.flash:
@@ -375,4 +426,4 @@ class Editor:
 
 
 __all__ = ["Action", "BASELINE", "Editor", "EventPlan", "MIGRATION_SEED", "PrestagePlan", "ROLLOUT_SEED",
-           "plan_events", "predecessors", "session_coin"]
+           "block_classes", "plan_events", "predecessors", "session_coin"]

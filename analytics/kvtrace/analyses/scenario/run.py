@@ -744,9 +744,15 @@ def _event_text(e) -> str:
         hor = "" if e.order != "value" or e.horizon == math.inf else f" (value over {e.horizon:g}s)"
         return f"prewarm by {e.order}{hor} at {e.gbps:g} GB/s per node{lim} from {at}"
     if isinstance(e, Ttl):
-        parts = [f"{t} {v:g}s" for t, v in (("DRAM", e.dram), ("local SSD", e.local_ssd),
-                                             ("flash", e.shared_flash)) if v != math.inf]
-        return f"TTL {', '.join(parts) or 'none'} from {at} (sweep {e.sweep:g}s)"
+        def ttl(v) -> str:
+            if isinstance(v, dict):
+                return "{" + ", ".join(f"{k} {x:g}s" for k, x in v.items()) + "}"
+            return f"{v:g}s"
+
+        parts = [f"{t} {ttl(v)}" for t, v in (("DRAM", e.dram), ("local SSD", e.local_ssd),
+                                               ("flash", e.shared_flash)) if v != math.inf]
+        by = f" by {e.by}" if e.by else ""
+        return f"TTL{by} {', '.join(parts) or 'none'} from {at} (sweep {e.sweep:g}s)"
     return e.kind  # pragma: no cover
 
 
