@@ -750,3 +750,25 @@ def test_ttl_by_class_with_one_value_is_the_plain_ttl_and_infinite_classes_keep_
     dec, out, _ = compiled(trace, config(sys_, [{"kind": "ttl", "at": 0, "by": "type", "sweep": "5s",
                                                  "shared_flash": {"rag": "10s"}}]))
     assert sum(v[0] for v in out.dropped.values()) > 0
+
+
+def test_flash_write_amplification(chat):
+    """Copying into DRAM with write-through writes each computed block to the flash at
+    most once (amplification <= 1); promoting moves blocks out of the flash, so each
+    eviction writes them again (more)."""
+    def amp(system):
+        cfg = scenario_from_dict({"system": system, "scenario": [{"name": "s", "event": []}]})
+        res = run_scenarios(chat, cfg, model=MODEL, gpu=GPU, response=RESPONSE)
+        row = res.table.to_dicts()[0]
+        assert row["flash_write_amplification"] == pytest.approx(
+            row["flash_write_bytes"] / ((res_tokens(res, chat)) * BPT), rel=1e-12)
+        return row["flash_write_amplification"]
+
+    def res_tokens(res, trace):  # prefill tokens of the measured requests, from the trace and the hit rate
+        total = float(np.sum(np.asarray(trace.accesses.tokens)))
+        return total * (1.0 - res.table["prefix_token_hit_rate"][0])
+
+    small = {"dram": "8GiB", "flash": "100TiB", "nodes": 1}
+    inclusive = amp({**small, "promotion": "copy", "write_mode": "write-through", "inclusive": True})
+    promote = amp({**small, "promotion": "promote", "write_mode": "write-on-evict"})
+    assert 0 < inclusive <= 1.0 < promote

@@ -432,6 +432,9 @@ _SCENARIO = {
        for t, w in (("dram", "DRAM"), ("local", "local SSDs"), ("flash", "the shared flash"))},
     "flash_write_bytes": ("bytes", "bytes written to the shared flash by the measured requests' touches"),
     "local_write_bytes": ("bytes", "bytes written to local SSDs by the measured requests' touches"),
+    "flash_write_amplification": ("ratio", "flash_write_bytes / the KV bytes the measured requests' prefill "
+                                           "computed (1: each computed byte written to the flash once; more: "
+                                           "blocks rewritten after a promotion or a loss)"),
     "recompute_gpu_seconds": ("GPU-s", "prefill GPU-seconds of reusable tokens recomputed (cached before, "
                                        "missing now)"),
     "prefill_gpu_seconds": ("GPU-s", "prefill GPU-seconds of every token no tier served (new and recomputed)"),
