@@ -752,7 +752,7 @@ def test_ttl_by_class_with_one_value_is_the_plain_ttl_and_infinite_classes_keep_
     assert sum(v[0] for v in out.dropped.values()) > 0
 
 
-def test_flash_write_amplification(chat):
+def test_flash_write_amplification_ratio(chat):
     """Copying into DRAM with write-through writes each computed block to the flash at
     most once (amplification <= 1); promoting moves blocks out of the flash, so each
     eviction writes them again (more)."""
@@ -760,9 +760,9 @@ def test_flash_write_amplification(chat):
         cfg = scenario_from_dict({"system": system, "scenario": [{"name": "s", "event": []}]})
         res = run_scenarios(chat, cfg, model=MODEL, gpu=GPU, response=RESPONSE)
         row = res.table.to_dicts()[0]
-        assert row["flash_write_amplification"] == pytest.approx(
+        assert row["flash_write_amplification_ratio"] == pytest.approx(
             row["flash_write_bytes"] / ((res_tokens(res, chat)) * BPT), rel=1e-12)
-        return row["flash_write_amplification"]
+        return row["flash_write_amplification_ratio"]
 
     def res_tokens(res, trace):  # prefill tokens of the measured requests, from the trace and the hit rate
         total = float(np.sum(np.asarray(trace.accesses.tokens)))

@@ -432,7 +432,7 @@ _SCENARIO = {
        for t, w in (("dram", "DRAM"), ("local", "local SSDs"), ("flash", "the shared flash"))},
     "flash_write_bytes": ("bytes", "bytes written to the shared flash by the measured requests' touches"),
     "local_write_bytes": ("bytes", "bytes written to local SSDs by the measured requests' touches"),
-    "flash_write_amplification": ("ratio", "flash_write_bytes / the KV bytes the measured requests' prefill "
+    "flash_write_amplification_ratio": ("ratio", "flash_write_bytes / the KV bytes the measured requests' prefill "
                                            "computed (1: each computed byte written to the flash once; more: "
                                            "blocks rewritten after a promotion or a loss)"),
     "recompute_gpu_seconds": ("GPU-s", "prefill GPU-seconds of reusable tokens recomputed (cached before, "

@@ -25,7 +25,7 @@ TABLE = (("scenario", "scenario", "s"), ("ttft_p50_ms", "TTFT p50 ms", "ms"), ("
          ("prefix_token_hit_rate", "prefix tokens hit", "%"), ("dram_read_share", "DRAM share", "%"),
          ("local_read_share", "local share", "%"), ("flash_read_share", "flash share", "%"),
          ("flash_read_bytes", "flash read", "B"), ("flash_write_bytes", "flash written", "B"),
-         ("flash_write_amplification", "flash writes / computed", "f2"),
+         ("flash_write_amplification_ratio", "flash writes / computed", "f2"),
          ("recompute_gpu_seconds", "recompute GPU-s", "f"), ("prefill_gpu_seconds", "prefill GPU-s", "f"),
          ("extra_prefill_gpu_seconds", "extra prefill vs plain", "f"),
          ("hit_rate_shortfall", "worst bin below plain", "pp"), ("recovered_after_s", "recovered after", "t"),

@@ -642,7 +642,7 @@ def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, r
         s["flash_write_bytes"] = float(tl["flash_write_bytes"].sum())
         s["local_write_bytes"] = float(tl["local_write_bytes"].sum())
         computed = (totv - pre) * bpt  # KV bytes the measured requests' prefill computed
-        s["flash_write_amplification"] = s["flash_write_bytes"] / computed if computed > 0 else None
+        s["flash_write_amplification_ratio"] = s["flash_write_bytes"] / computed if computed > 0 else None
         s["recompute_gpu_seconds"] = float(out.recompute_s[first:].sum())
         s["prefill_gpu_seconds"] = float(tl["prefill_gpu_seconds"].sum())
         s["extra_prefill_gpu_seconds"] = (s["prefill_gpu_seconds"] - rows[0]["prefill_gpu_seconds"] if rows
