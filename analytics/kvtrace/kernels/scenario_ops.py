@@ -295,6 +295,7 @@ def account_requests(block, decision, lrs, r0, req_t, size, moved, landed, absen
              pf)
 
 
-__all__ = ["N_PF", "attribute", "drop_idle_classes", "mark_lost", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
-           "PF_USEFUL", "account_requests", "drop_all", "drop_idle", "drop_namespace", "drop_target", "land",
-           "mark_absent", "present_prefix", "read", "transfer_rows"]
+__all__ = ["N_PF", "PF_BLOCKS", "PF_COVERED", "PF_DISPLACED", "PF_HELD", "PF_MOVED", "PF_NEEDED", "PF_REQUESTS",
+           "PF_USEFUL", "account_requests", "attribute", "drop_all", "drop_idle", "drop_idle_classes",
+           "drop_namespace", "drop_target", "land", "mark_absent", "mark_lost", "present_prefix", "read",
+           "transfer_rows"]

@@ -72,7 +72,8 @@ PREFETCH = (("scenario", "scenario", "s"), ("prefetch_requests", "prefetches", "
 #: The prewarming figures (rows with a prewarm event): (column, heading, format).
 PREWARM = (("scenario", "scenario", "s"), ("prewarm_bytes", "moved", "B"),
            ("prewarm_useful_share", "read from DRAM", "%"), ("prewarm_displaced_bytes", "displaced", "B"),
-           ("background_read_bytes", "background reads", "B"), ("ttft_p99_recovery_ms", "TTFT p99 to recovery ms", "ms"),
+           ("background_read_bytes", "background reads", "B"),
+           ("ttft_p99_recovery_ms", "TTFT p99 to recovery ms", "ms"),
            ("wait_p99_flash_ms", "flash wait p99 ms", "ms"), ("recovered_after_s", "recovered after", "t"))
 
 

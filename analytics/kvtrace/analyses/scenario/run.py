@@ -428,14 +428,14 @@ class Fifo:
         lists_l = np.array([lists(n)[1] for n in range(nodes)], dtype=np.int64)
         list_f = int(lists(0)[2])
         self.state[self.F.S_SLOT] = sim.next_request
-        self.run_fn(r_lo, r_hi, ch.r, block, ch.tokens, ch.pos, ch.lrs, ch.lo, *self.acc, self.req_start, self.shift,
-                    self.rel, self.ts, self.real_tq, self.node, lists_d, lists_l, list_f, first, self.targets, self.srcs,
-                    self.issue, self.at, self.rate, self.bpt, self.size, float(self.ts[0]), int(sim.shift), self.qf,
-                    self.qi, self.state, self.busy, pf_moved, pf_landed, pf_absent, pf, *self.tr, self.rec_k,
-                    self.rec_t, self.blk, self.tok, self.pos, self.dec1, self.out1, dec_chunk, rows,
-                    sim.req_ts, sim.req_tq, sim.req_node, sim.req_group, sim.req_kind, np.zeros(0), np.zeros(0, np.int8),
-                    sim.ip, sim.fp, sim.cap, sim.st, sim.used, sim.gstat, sim.last_val, sim.sketch, sim.sk_ops,
-                    sim.req_level, sim.cnt, sim.sums, sim.hist)
+        self.run_fn(r_lo, r_hi, ch.r, block, ch.tokens, ch.pos, ch.lrs, ch.lo, *self.acc, self.req_start,
+                    self.shift, self.rel, self.ts, self.real_tq, self.node, lists_d, lists_l, list_f, first,
+                    self.targets, self.srcs, self.issue, self.at, self.rate, self.bpt, self.size, float(self.ts[0]),
+                    int(sim.shift), self.qf, self.qi, self.state, self.busy, pf_moved, pf_landed, pf_absent, pf,
+                    *self.tr, self.rec_k, self.rec_t, self.blk, self.tok, self.pos, self.dec1, self.out1, dec_chunk,
+                    rows, sim.req_ts, sim.req_tq, sim.req_node, sim.req_group, sim.req_kind, np.zeros(0),
+                    np.zeros(0, np.int8), sim.ip, sim.fp, sim.cap, sim.st, sim.used, sim.gstat, sim.last_val,
+                    sim.sketch, sim.sk_ops, sim.req_level, sim.cnt, sim.sums, sim.hist)
         sim.next_request = int(self.state[self.F.S_SLOT])
         lo, hi = int(ch.lrs[i0]), int(ch.lrs[i1])
         lrs = ch.lrs[i0:i1 + 1] - lo
