@@ -106,6 +106,26 @@ def _bytes(tokens: int) -> str:
     return f"{tokens * BPT}B"
 
 
+def random_system(rng, total: int, *, dram, flash, nodes, policies, promotions=("promote", "copy")) -> dict:
+    """A random tier system for blocks of ``total`` tokens: ``dram``, ``flash`` token
+    ranges ``(low, high)`` (a local SSD below a quarter of ``total`` in 40 % of the
+    draws), ``nodes`` a range or a number, every eviction, write and flash order;
+    inclusive when the promotion copies or the writes go through."""
+    system = {
+        "dram": _bytes(int(rng.integers(*dram))),
+        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
+        "flash": _bytes(int(rng.integers(*flash))),
+        "nodes": int(rng.integers(*nodes)) if isinstance(nodes, tuple) else nodes,
+        "policy": str(rng.choice(list(policies))),
+        "promotion": str(rng.choice(list(promotions))),
+        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
+        "flash_order": str(rng.choice(["lru", "fifo"])),
+        "eviction": str(rng.choice(["prefix-aware", "flat"])),
+    }
+    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    return system
+
+
 EVENTS = [
     [{"kind": "cold-start", "at": "30%"}],
     [{"kind": "restored", "at": "40%"}],
@@ -150,18 +170,9 @@ def test_prewarm_equals_twin(seed, order, events):
     rng = np.random.default_rng(100 + seed)
     trace = small_trace(80, seed)
     total = int(np.asarray(trace.block_size).sum())
-    system = {
-        "dram": _bytes(int(rng.integers(max(1, total // 30), max(2, total // 8)))),
-        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
-        "flash": _bytes(int(rng.integers(total // 4, max(2, total // 2)))),
-        "nodes": int(rng.integers(2, 4)),
-        "policy": str(rng.choice(["all", "all", "second-hit", "tinylfu"])),
-        "promotion": str(rng.choice(["promote", "copy"])),
-        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
-        "flash_order": str(rng.choice(["lru", "fifo"])),
-        "eviction": str(rng.choice(["prefix-aware", "flat"])),
-    }
-    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    system = random_system(rng, total, dram=(max(1, total // 30), max(2, total // 8)),
+                           flash=(total // 4, max(2, total // 2)),
+                           nodes=(2, 4), policies=("all", "all", "second-hit", "tinylfu"))
     events = [{**e, "order": order} if e["kind"] == "prewarm" else e for e in events]
     cfg = config(system, events, load={"flash_targets": 3})
     _, out, _ = compiled(trace, cfg)
@@ -177,18 +188,8 @@ def test_scenario_replay_equals_twin(seed, events):
     rng = np.random.default_rng(seed)
     trace = small_trace(60, seed, kind="mixed" if any(e.get("by") for e in events) else "chat")
     total = int(np.asarray(trace.block_size).sum())
-    system = {
-        "dram": _bytes(int(rng.integers(1, max(2, total // 6)))),
-        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
-        "flash": _bytes(int(rng.integers(1, max(2, total // 2)))),
-        "nodes": int(rng.integers(2, 4)),
-        "policy": str(rng.choice(list(POLICY_NAMES))),
-        "promotion": str(rng.choice(["promote", "copy", "none"])),
-        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
-        "flash_order": str(rng.choice(["lru", "fifo"])),
-        "eviction": str(rng.choice(["prefix-aware", "flat"])),
-    }
-    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    system = random_system(rng, total, dram=(1, max(2, total // 6)), flash=(1, max(2, total // 2)), nodes=(2, 4),
+                           policies=POLICY_NAMES, promotions=("promote", "copy", "none"))
     cfg = config(system, events, load={"flash_targets": 3})
     dec, want = assert_equal_to_twin(trace, cfg)
     assert len(dec) == trace.n_accesses
@@ -446,18 +447,8 @@ def test_prestage_equals_twin(seed, predictor):
     rng = np.random.default_rng(100 + seed)
     trace = small_trace(80, seed, kind=str(rng.choice(["chat", "agent"])))
     total = int(np.asarray(trace.block_size).sum())
-    system = {
-        "dram": _bytes(int(rng.integers(2, max(3, total // 5)))),
-        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
-        "flash": _bytes(int(rng.integers(1, max(2, total)))),
-        "nodes": int(rng.integers(1, 3)),
-        "policy": str(rng.choice(["all", "all", "second-hit", "tinylfu"])),
-        "promotion": str(rng.choice(["promote", "copy"])),
-        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
-        "flash_order": str(rng.choice(["lru", "fifo"])),
-        "eviction": str(rng.choice(["prefix-aware", "flat"])),
-    }
-    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    system = random_system(rng, total, dram=(2, max(3, total // 5)), flash=(1, max(2, total)), nodes=(1, 3),
+                           policies=("all", "all", "second-hit", "tinylfu"))
     event = {"kind": "prestage", "predictor": predictor, "lead": str(rng.choice(["inf", "0.5", "3"])),
              "at": str(rng.choice(["0", "30%"]))}
     event["at"] = float(event["at"]) if event["at"] == "0" else event["at"]
@@ -679,18 +670,10 @@ def test_compiled_budgeted_prestage_equals_the_python_path(seed, gbps, others):
     rng = np.random.default_rng(300 + seed)
     trace = small_trace(90, seed, kind=str(rng.choice(["chat", "agent"])))
     total = int(np.asarray(trace.block_size).sum())
-    system = {
-        "dram": _bytes(int(rng.integers(max(2, total // 40), max(3, total // 5)))),
-        "local_ssd": _bytes(int(rng.integers(1, max(2, total // 4)))) if rng.random() < 0.4 else "0",
-        "flash": _bytes(int(rng.integers(total // 4, max(2, total // 2)))),
-        "nodes": int(rng.integers(1, 4)) if not any(e["kind"] == "migration" for e in others) else 2,
-        "policy": str(rng.choice(["all", "second-hit", "tinylfu", "prob:0.5"])),
-        "promotion": str(rng.choice(["promote", "copy"])),
-        "write_mode": str(rng.choice(["write-on-evict", "write-through"])),
-        "flash_order": str(rng.choice(["lru", "fifo"])),
-        "eviction": str(rng.choice(["prefix-aware", "flat"])),
-    }
-    system["inclusive"] = system["promotion"] == "copy" or system["write_mode"] == "write-through"
+    system = random_system(rng, total, dram=(max(2, total // 40), max(3, total // 5)),
+                           flash=(total // 4, max(2, total // 2)),
+                           nodes=2 if any(e["kind"] == "migration" for e in others) else (1, 4),
+                           policies=("all", "second-hit", "tinylfu", "prob:0.5"))
     ev = {"kind": "prestage", "predictor": str(rng.choice(["oracle", "last-context"])), "gbps": gbps,
           "lead": float(rng.choice([0.5, 3.0, math.inf]))}
     cfg = config(system, [ev, *others], load={"flash_targets": int(rng.integers(1, 4))})

@@ -88,33 +88,11 @@ def drop_target(st, used, X, T, k, gone):
 
 
 @njit(**NJIT)
-def drop_idle(st, used, X, by_insert, cutoff, gone):
-    """Drop, from the old end of list ``X``, the entries whose last touch (insertion
-    with ``by_insert``) is before ``cutoff`` (time quanta), stopping at the first that
-    is not; returns ``(blocks, tokens)`` dropped. The list must be ordered by that
-    field (LRU lists by last touch, FIFO lists by insertion)."""
-    M = st.shape[0] - 1
-    field = INS if by_insert else TCH
-    n = 0
-    tok = 0
-    b = st[M, X, NEXT]
-    while b != M and st[b, X, field] < cutoff:
-        nxt = st[b, X, NEXT]
-        unlink_row(st, X, b)
-        if gone.shape[0]:
-            gone[n] = b
-        n += 1
-        tok += st[b, INFO, INFO_SIZE]
-        b = nxt
-    used[X] -= tok
-    return n, tok
-
-
-@njit(**NJIT)
 def drop_idle_classes(st, used, X, by_insert, cutoffs, klass, gone):
     """:func:`drop_idle` with a cutoff per class: drop the entries whose time field is
-    before ``cutoffs[klass[b]]``, walking from the old end while it is before the
-    largest cutoff (past it, no class's entry has expired). O(entries passed)."""
+    before ``cutoffs[klass[b]]`` (``klass`` empty: every block of class 0), walking from
+    the old end while it is before the largest cutoff (past it, no class's entry has
+    expired; with one class the walk stops at the first kept). O(entries passed)."""
     M = st.shape[0] - 1
     field = INS if by_insert else TCH
     top = cutoffs.max()
@@ -123,7 +101,7 @@ def drop_idle_classes(st, used, X, by_insert, cutoffs, klass, gone):
     b = st[M, X, NEXT]
     while b != M and st[b, X, field] < top:
         nxt = st[b, X, NEXT]
-        if st[b, X, field] < cutoffs[klass[b]]:
+        if st[b, X, field] < cutoffs[klass[b] if klass.shape[0] else 0]:
             unlink_row(st, X, b)
             if gone.shape[0]:
                 gone[n] = b
@@ -132,6 +110,16 @@ def drop_idle_classes(st, used, X, by_insert, cutoffs, klass, gone):
         b = nxt
     used[X] -= tok
     return n, tok
+
+
+@njit(**NJIT)
+def drop_idle(st, used, X, by_insert, cutoff, gone):
+    """Drop, from the old end of list ``X``, the entries whose last touch (insertion
+    with ``by_insert``) is before ``cutoff`` (time quanta), stopping at the first that
+    is not; returns ``(blocks, tokens)`` dropped. The list must be ordered by that
+    field (LRU lists by last touch, FIFO lists by insertion)."""
+    return drop_idle_classes(st, used, X, by_insert, np.full(1, cutoff, dtype=np.int64),
+                             np.zeros(0, dtype=np.int32), gone)
 
 
 @njit(**NJIT)

@@ -127,6 +127,16 @@ def predecessors(trace) -> np.ndarray:
     return out
 
 
+def _moves_into_dram(trace, sysc, what: str, reads: str) -> None:
+    """A usage error unless ``what`` (an event that moves blocks into DRAM and reads the
+    trace around it) can run: a promotion that moves blocks, the trace in memory."""
+    if sysc.promotion == "none":
+        raise UsageError(f"{what} moves blocks into DRAM: it needs promotion promote or copy",
+                         field="system.promotion")
+    if not hasattr(trace, "accesses"):
+        raise UsageError(f"{what} {reads}: it needs the trace in memory", field="scenario.event.kind")
+
+
 def class_names(trace, by: str) -> list[str]:
     """The classes of the requests (``by``: their ``type`` or ``tenant``), sorted."""
     req = trace.requests
@@ -244,12 +254,7 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
                 raise UsageError("one prestage event per scenario", field="scenario.event.kind")
             if ev.predictor == "none":
                 continue
-            if sysc.promotion == "none":
-                raise UsageError("prestaging moves blocks into DRAM: it needs promotion promote or copy",
-                                 field="system.promotion")
-            if not hasattr(trace, "accesses"):
-                raise UsageError("prestaging reads the next turns ahead: it needs the trace in memory",
-                                 field="scenario.event.kind")
+            _moves_into_dram(trace, sysc, "prestaging", "reads the next turns ahead")
             req = trace.requests
             if ev.turn_time.strip() == "trace":
                 dur = trace_service_times(req)
@@ -267,12 +272,7 @@ def plan_events(trace, cfg: ScenarioFile, events, node: np.ndarray, targets: int
             prestage = PrestagePlan(j, p, issue, ev.predictor, ev.gbps,
                                     np.searchsorted(rel, issue, side="left").astype(np.int64), i)
         elif isinstance(ev, Prewarm):
-            if sysc.promotion == "none":
-                raise UsageError("prewarming moves blocks into DRAM: it needs promotion promote or copy",
-                                 field="system.promotion")
-            if not hasattr(trace, "accesses"):
-                raise UsageError("prewarming picks blocks by their past and future use: it needs the trace in memory",
-                                 field="scenario.event.kind")
+            _moves_into_dram(trace, sysc, "prewarming", "picks blocks by their past and future use")
             add(t, "pw_start", (len(prewarms),), i)
             prewarms.append(ev)
         elif isinstance(ev, Rollout):
