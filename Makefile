@@ -39,6 +39,7 @@ test-fast: $(VENV)/.installed-dev
 bench: $(VENV)/.installed-dev
 	$(BIN)/python benchmarks/ingest.py --keep
 	$(BIN)/python benchmarks/curve.py --keep
+	$(BIN)/python benchmarks/e2e.py --keep
 	$(BIN)/python benchmarks/engine.py --keep
 	$(BIN)/python benchmarks/scenario.py --keep
 	$(BIN)/python benchmarks/whatif.py --keep

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import RESULTS  # noqa: E402
 
-ORDER = ("ingest.py", "curve.py", "engine.py", "whatif.py", "load.py", "scenario.py", "hashing.py", "app.py")
+ORDER = ("ingest.py", "curve.py", "e2e.py", "engine.py", "whatif.py", "load.py", "scenario.py", "hashing.py", "app.py")
 
 
 def table(results: dict) -> str:

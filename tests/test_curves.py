@@ -646,3 +646,60 @@ def test_bin_lookup_is_a_binary_search(grid, keys):
     for k in keys:
         want = g.shape[0] + 1 if k == COLD else int(np.searchsorted(g, k, side="left"))
         assert _bin_fast(g.shape[0], padded, starts, steps, np.int64(k)) == want
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_request_binning_equals_a_sorted_search(seed):
+    """binned_requests (the compiled request histogram) = numpy's search and bincount,
+    with and without weights and groups; cold keys, keys <= 0 and keys above the grid."""
+    from kvtrace.kernels.hitcurve import COLD, binned_requests
+
+    rng = np.random.default_rng(seed)
+    grid = np.unique(rng.integers(0, 10_000, int(rng.integers(1, 60))))
+    n = int(rng.integers(0, 3000))
+    keys = rng.integers(-5, 12_000, n)
+    keys[rng.random(n) < 0.2] = COLD
+    members = rng.random(n) < 0.8
+    n_groups = int(rng.integers(1, 4))
+    group = rng.integers(0, n_groups, n).astype(np.int32)
+    weights = rng.random(n) * 3
+    G = grid.shape[0]
+    idx = np.where(keys == COLD, G + 1, np.searchsorted(grid, keys, side="left"))
+    for w, g, k in ((None, None, 1), (weights, None, 1), (None, group, n_groups), (weights, group, n_groups)):
+        gg = np.zeros(n, dtype=np.int64) if g is None else g.astype(np.int64)
+        want = np.bincount((gg * (G + 2) + idx)[members], weights=None if w is None else w[members],
+                           minlength=k * (G + 2)).reshape(k, G + 2)
+        got = binned_requests(keys, members, np.empty(0) if w is None else w,
+                              np.empty(0, np.int32) if g is None else g, k, grid)
+        np.testing.assert_allclose(got, want, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_keys_in_ranges_equals_a_filter(seed):
+    """keys_in_ranges = a numpy filter of the keys in the ranges, in trace order, with
+    their range, tokens and position-token sum (times the scale when given)."""
+    from kvtrace.kernels.hitcurve import COLD, keys_in_ranges
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 20_000))
+    keys = rng.integers(0, 5_000, n)
+    keys[rng.random(n) < 0.1] = COLD
+    tokens = rng.integers(1, 17, n).astype(np.int32)
+    pos = rng.integers(0, 300, n).astype(np.int32)
+    edges = np.unique(rng.integers(-1, 5_000, 2 * int(rng.integers(1, 5))))
+    if edges.shape[0] % 2:
+        edges = edges[:-1]
+    lo, hi = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
+    first = int(rng.integers(0, n + 1))
+    scale = rng.random(n) if seed % 2 else np.empty(0)
+    ks, r, tok, q = keys_in_ranges(keys, first, tokens, pos, 16, lo, hi, scale)
+    t = np.arange(first, n)
+    k = keys[first:]
+    inside = (k[:, None] > lo[None, :]) & (k[:, None] <= hi[None, :])
+    hit = inside.any(axis=1)
+    w = scale[first:][hit] if scale.shape[0] else 1.0
+    kk, s = tokens[t[hit]].astype(np.float64), pos[t[hit]].astype(np.float64) * 16
+    np.testing.assert_array_equal(ks, k[hit])
+    np.testing.assert_array_equal(r, inside[hit].argmax(axis=1))
+    np.testing.assert_allclose(tok, w * kk)
+    np.testing.assert_allclose(q, w * (kk * s + kk * (kk - 1) * 0.5))

@@ -36,9 +36,10 @@ names earlier releases wrote onto these (with the factor that converts the old u
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-import polars as pl
+if TYPE_CHECKING:
+    import polars as pl
 
 #: Unit words used in :data:`TABLES`.
 UNITS = ("share", "utilisation", "requests/s", "1/s", "bytes", "bytes/token", "tokens", "blocks", "s", "ms", "USD",
@@ -635,11 +636,13 @@ def canonical_metric(name: str) -> str:
     return SQL_METRICS.get(name, name)
 
 
-def canonical_table(table: pl.DataFrame) -> pl.DataFrame:
+def canonical_table(table: "pl.DataFrame") -> "pl.DataFrame":
     """``table`` with every column of an earlier name renamed (and rescaled) to the
     current one; a column whose current name is also present is kept as it is and the
     old one dropped. A table of ``kvtrace size`` (it has ``h_dram`` or ``h_flash``) reads
     its names by :data:`SIZE_ALIASES` first."""
+    import polars as pl
+
     aliases = ALIASES
     if "h_dram" in table.columns or "h_flash" in table.columns:
         aliases = {**ALIASES, **SIZE_ALIASES}

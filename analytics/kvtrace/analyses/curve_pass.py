@@ -201,7 +201,7 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
     try:
         with usable_col, ThreadPoolExecutor(1, thread_name_prefix="kvtrace-fold") as after:
             pending: deque = deque()
-            for ch in source.chunks():
+            for ch in source.chunks(local_req=req_group is not None):
                 if fold is None:
                     dist, usable = distances.dist[ch.lo:ch.hi], distances.usable[ch.lo:ch.hi]
                 else:  # a partition's usable distances are those of its estimates (fold_in)
@@ -234,7 +234,7 @@ class _UsableKeys:
     def in_ranges(self, lo_keys: np.ndarray, hi_keys: np.ndarray):
         """:func:`kvtrace.kernels.hitcurve.keys_in_ranges` over the measured accesses, in trace order."""
         parts = []
-        for ch in self.source.chunks(blocks=False, columns=[self.column]):
+        for ch in self.source.chunks(blocks=False, columns=[self.column], local_req=False):
             if ch.hi <= self.first_acc:
                 continue
             parts.append(keys_in_ranges(ch.extra[0], max(self.first_acc - ch.lo, 0), ch.tokens, ch.pos,
@@ -249,7 +249,7 @@ class _UsableKeys:
         (:attr:`CurvePass.at_capacity`), added in trace order."""
         grid = np.array([int(capacity_tokens)], dtype=np.int64)
         hist = np.zeros((2, self.n_groups, 3, 4), dtype=np.float64)
-        for ch in self.source.chunks(columns=[self.column]):
+        for ch in self.source.chunks(columns=[self.column], local_req=self.req_group is not None):
             if ch.hi <= self.first_acc:
                 continue
             usable = ch.extra[0]

@@ -44,10 +44,11 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
-from kvtrace.analyses.curve_pass import CurvePass, exact_pass, half_prefix_keys  # noqa: F401 (re-exported)
+from kvtrace.analyses.curve_pass import NO_GROUP, NO_SCALE, CurvePass, exact_pass, half_prefix_keys  # noqa: F401
 from kvtrace.analyses.distances import Distances, normalise_eviction
 from kvtrace.analyses.sampled import SUBSAMPLES, sampled_pass, subsample_error
 from kvtrace.errors import KvtraceError, UsageError
+from kvtrace.kernels.hitcurve import binned_requests
 from kvtrace.kernels.stackdist import COLD
 from kvtrace.model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import Trace
@@ -196,13 +197,10 @@ def _natural_key(x: str):
 
 def _request_hist(keys, members, weights, req_group, n_groups, grid) -> np.ndarray:
     """Requests per bin, float64[n_groups, G + 2] (bin G: above the grid, G + 1: cold)."""
-    G = grid.shape[0]
-    k = keys[members]
-    idx = np.where(k == COLD, G + 1, np.searchsorted(grid, k, side="left"))
-    g = (req_group[members] if req_group is not None else np.zeros(k.shape[0], dtype=np.int32)).astype(np.int64)
-    w = None if weights is None else weights[members]
-    flat = np.bincount(g * (G + 2) + idx, weights=w, minlength=n_groups * (G + 2))
-    return flat.reshape(n_groups, G + 2).astype(np.float64)
+    return binned_requests(keys, np.ascontiguousarray(members, dtype=np.bool_),
+                           NO_SCALE if weights is None else np.ascontiguousarray(weights, dtype=np.float64),
+                           NO_GROUP if req_group is None else np.ascontiguousarray(req_group, dtype=np.int32),
+                           n_groups, np.ascontiguousarray(grid, dtype=np.int64))
 
 
 def _rates(any_hits, any_tot, pre_hits, pre_tot, req_hits, req_tot, half_hits, half_tot, a, b):

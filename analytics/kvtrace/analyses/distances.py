@@ -111,13 +111,15 @@ class StackFold:
         if dist is None or usable is None:
             pair = self._buffers[self._turn]  # [dist, usable], each grown only when used
             self._turn = (self._turn + 1) % len(self._buffers)
+            # grown with room to spare: chunks of whole requests differ a little in length, and
+            # a buffer replaced for a few more accesses would fault all its pages in again
             if dist is None:
                 if pair[0].shape[0] < n:
-                    pair[0] = np.empty(n, dtype=np.int64)
+                    pair[0] = np.empty(n + n // 4, dtype=np.int64)
                 dist = pair[0][:n]
             if usable is None:
                 if pair[1].shape[0] < n:
-                    pair[1] = np.empty(n, dtype=np.int64)
+                    pair[1] = np.empty(n + n // 4, dtype=np.int64)
                 usable = pair[1][:n]
         stack_distances_chunk(ch.block, self.size, ch.lrs, ch.r, self.prefix_aware, *self.state.arrays(), dist,
                               _EMPTY if prev is None else prev, usable)

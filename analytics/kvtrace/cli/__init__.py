@@ -29,9 +29,14 @@ from kvtrace.cli.errors import OneLineUsageErrors, state
 def _keep_option_names_whole() -> None:
     """``--help`` never cuts an option's name (``--kv-bytes-per-…`` at 80 columns and in
     pipes): the columns of typer's option table that hold names and short flags take
-    their widest entry and do not wrap; the type and help columns give way instead."""
+    their widest entry and do not wrap; the type and help columns give way instead.
+    Run before help is printed (:attr:`OneLineUsageErrors.before_help`): typer's help
+    formatting is imported only then."""
     from rich.table import Table as RichTable
     from typer import rich_utils
+
+    if getattr(rich_utils.Table, "keeps_names_whole", False):
+        return
 
     class _OptionsTable(RichTable):
         def add_row(self, *renderables, **kwargs):
@@ -41,10 +46,11 @@ def _keep_option_names_whole() -> None:
                 column.min_width = max(column.min_width or 0, len(plain))
                 column.no_wrap = True
 
+    _OptionsTable.keeps_names_whole = True
     rich_utils.Table = _OptionsTable
 
 
-_keep_option_names_whole()
+OneLineUsageErrors.before_help = staticmethod(_keep_option_names_whole)
 
 app = typer.Typer(
     name="kvtrace",

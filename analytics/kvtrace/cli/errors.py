@@ -26,9 +26,17 @@ def _click_exceptions():
 class OneLineUsageErrors(typer.core.TyperGroup):
     """Usage errors found while parsing the command line (an unknown option, a value of
     the wrong type, a missing argument) as one ``kvtrace: error:`` line, exit 2, like
-    every other error (DESIGN: one error contract); click would print a boxed block."""
+    every other error (DESIGN: one error contract); click would print a boxed block.
+
+    ``before_help`` runs before a command line that asks for help (``--help``, or no
+    arguments) is parsed: help's formatting is set up only when help is printed."""
+
+    before_help: Callable[[], None] | None = None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        argv = sys.argv[1:] if args is None else list(args)
+        if self.before_help is not None and (not argv or "--help" in argv):
+            type(self).before_help()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         click = _click_exceptions()

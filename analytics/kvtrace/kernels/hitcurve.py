@@ -196,6 +196,24 @@ def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, sca
 
 
 @njit(**NJIT)
+def binned_requests(keys, members, weights, group, n_groups, grid):
+    """Requests per bin of ``grid``, float64[n_groups, G + 2]: each member request's
+    key binned as :func:`binned_hits_into` bins an access's (bin G: a finite key above
+    the grid, G + 1: COLD), weighted by ``weights`` (empty: 1), by ``group`` (empty: one
+    group). Added in request order."""
+    G = grid.shape[0]
+    out = np.zeros((n_groups, G + 2), dtype=np.float64)
+    grouped = group.shape[0] > 0
+    weighted = weights.shape[0] > 0
+    starts, padded, steps = _bucket_starts(grid)
+    for r in range(keys.shape[0]):
+        if members[r]:
+            i = _bin_fast(G, padded, starts, steps, keys[r])
+            out[group[r] if grouped else 0, i] += weights[r] if weighted else 1.0
+    return out
+
+
+@njit(**NJIT)
 def max_finite(keys, first):
     """Largest key other than COLD among accesses ``first..`` (-1 when none)."""
     top = np.int64(-1)

@@ -83,12 +83,15 @@ class StackState:
 
     def __init__(self, n_blocks: int) -> None:
         slots, offsets = tree_layout(n_blocks)
-        # tables read at random: huge pages where large (kvtrace.kernels.memory)
+        # tables read at random: huge pages where large (kvtrace.kernels.memory); the
+        # per-slot and per-block tables int32 where every slot number fits (half the
+        # bytes in the cache; the sums in ``tree`` stay int64)
+        small = np.int32 if slots < (1 << 31) else np.int64
         self.tree = table_zeros(max(int(offsets[-1]), 1), np.int64)
         self.offsets = offsets
-        self.slot_block = table_full(slots, -1, np.int64)
-        self.slot_size = table_zeros(slots, np.int64)  # size at a live slot, 0 when free
-        self.last_slot = table_full(int(n_blocks), -1, np.int64)
+        self.slot_block = table_full(slots, -1, small)
+        self.slot_size = table_zeros(slots, small)  # size at a live slot, 0 when free (sizes < 2**31)
+        self.last_slot = table_full(int(n_blocks), -1, small)
         self.last_request = table_full(int(n_blocks), -1, np.int64)
         self.scalars = np.zeros(4, dtype=np.int64)
         self.scalars[CACHE_SLOT] = -1
