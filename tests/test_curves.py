@@ -703,3 +703,55 @@ def test_keys_in_ranges_equals_a_filter(seed):
     np.testing.assert_array_equal(r, inside[hit].argmax(axis=1))
     np.testing.assert_allclose(tok, w * kk)
     np.testing.assert_allclose(q, w * (kk * s + kk * (kk - 1) * 0.5))
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_half_prefix_keys_equal_a_search_over_cumulative_tokens(seed):
+    """The compiled half-prefix keys = the block where a request's cumulative tokens
+    first reach ceil(total / 2), found by numpy's search (empty requests: COLD)."""
+    from kvtrace.analyses.curve_pass import half_prefix_keys
+    from kvtrace.kernels.stackdist import COLD
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(0, 12, int(rng.integers(1, 300)))
+    rs = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    n = int(rs[-1])
+    tokens = rng.integers(1, 17, n).astype(np.int32)
+    usable = np.maximum.accumulate(rng.integers(0, 1000, n)) if n else np.empty(0, np.int64)
+    want = np.full(lengths.shape[0], COLD, dtype=np.int64)
+    for r in range(lengths.shape[0]):
+        lo, hi = rs[r], rs[r + 1]
+        if hi > lo:
+            cum = np.cumsum(tokens[lo:hi])
+            want[r] = usable[lo + np.searchsorted(cum, (cum[-1] + 1) // 2, side="left")]
+    np.testing.assert_array_equal(half_prefix_keys(usable, tokens, rs), want)
+
+
+@pytest.mark.parametrize("eviction", ["prefix-aware", "flat"])
+@pytest.mark.parametrize("by, warmup", [(None, None), ("type", "10%")])
+@pytest.mark.parametrize("halves", [True, False])
+def test_curve_in_two_halves_equals_one_pass(monkeypatch, eviction, by, warmup, halves):
+    """An exact pass that switches to two halves at once after its second chunk (or is
+    cut into the same small chunks and stays on one) gives the one-pass curve, knees,
+    ceiling and group table bit for bit."""
+    from pathlib import Path
+
+    from kvtrace.analyses import curve_pass
+    from kvtrace.ingest import load_trace
+
+    trace = load_trace(Path(__file__).resolve().parents[1] / "sample_traces" / "mixed.parquet")
+    want = compute_curve(trace, eviction=eviction, by=by, warmup=warmup, points=40)
+    calls = []
+    real = curve_pass.distances_in_halves
+    monkeypatch.setattr(curve_pass, "HALVES_MIN_ACCESSES", 0)
+    monkeypatch.setattr(curve_pass, "HALVES_CHUNKS", 7)
+    monkeypatch.setattr(curve_pass, "halves_pay", lambda kernel_s, fold_s: halves)
+    monkeypatch.setattr(curve_pass, "distances_in_halves", lambda *a, **k: calls.append(1) or real(*a, **k))
+    got = compute_curve(trace, eviction=eviction, by=by, warmup=warmup, points=40)
+    assert calls == ([1] if halves else [])
+    assert_frame_equal(got.curve, want.curve)
+    assert_frame_equal(got.knees, want.knees)
+    assert got.ceiling == want.ceiling
+    if by is not None:
+        assert_frame_equal(got.by_group, want.by_group)
+        assert_frame_equal(got.group_summary, want.group_summary)

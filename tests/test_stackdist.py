@@ -408,3 +408,59 @@ def test_kernel_without_jit():
         for name, g, w, j in zip(("dist", "dist_blocks", "prev_request", "usable"), got, want, jit):
             npt.assert_array_equal(g, w, err_msg=f"no-JIT {name}, prefix_aware={prefix_aware}")
             npt.assert_array_equal(j, w, err_msg=f"JIT {name}, prefix_aware={prefix_aware}")
+
+
+# --------------------------------------------------------------------------- two halves at once
+
+
+def in_halves(trace: Trace, prefix_aware: bool, chunk: int):
+    """kvtrace.analyses.distances.distances_in_halves over chunks of about ``chunk``
+    accesses: (dist, usable, the chunks' starts in the order they were handed over)."""
+    from kvtrace.analyses.distances import distances_in_halves
+    from kvtrace.trace.source import AccessChunk, request_chunks
+
+    rs = np.asarray(trace.req_start, dtype=np.int64)
+    block = np.asarray(trace.block, dtype=np.int64)
+    chunks = [AccessChunk(r, r_end, lo, hi, block[lo:hi], None, None, rs[r:r_end + 1] - lo)
+              for r, r_end, lo, hi in request_chunks(rs, chunk)]
+    n = block.shape[0]
+    dist, usable = np.full(n, -7, dtype=np.int64), np.full(n, -7, dtype=np.int64)
+    order: list[int] = []
+    if chunks:
+        distances_in_halves(chunks, np.asarray(trace.size, dtype=np.int64),
+                            "prefix-aware" if prefix_aware else "flat", dist, usable, lambda ch: order.append(ch.lo))
+    assert order == [ch.lo for ch in chunks]  # every chunk handed over once, in trace order
+    return dist, usable
+
+
+@MODELS
+@SETTINGS
+@given(trace=st.one_of(any_traces, long_traces()), chunk=st.integers(1, 40))
+def test_two_halves_equal_the_naive_twin(trace, prefix_aware, chunk):
+    """The later half's own stack and its first touches resolved on the earlier half's
+    final stack (kernels.stack_halves) give every distance and usable distance of the
+    one-pass twin, whatever the cut."""
+    want, _, _ = naive.stack_distances(*trace, prefix_aware)
+    dist, usable = in_halves(trace, prefix_aware, chunk)
+    npt.assert_array_equal(dist, want)
+    npt.assert_array_equal(usable, naive.usable_distances(want, trace.req_start))
+
+
+@MODELS
+@pytest.mark.parametrize("case", ["repeats", "all-early", "all-late", "disjoint"])
+def test_two_halves_by_hand(prefix_aware, case):
+    """Blocks repeated inside a request of the later half, halves sharing every block,
+    none, and a later half made of blocks the earlier half never saw."""
+    rng = np.random.default_rng(len(case))
+    reqs = {
+        "repeats": [[0, 1, 2], [3, 4], [2, 2, 5, 2], [1, 1], [0, 6, 0]],
+        "all-early": [[0, 1, 2, 3], [4, 5], [0, 1, 2, 3], [4, 5]],
+        "all-late": [[0], [1, 2, 3, 4, 5, 6], [6, 5, 4], [3, 2, 1, 0]],
+        "disjoint": [[0, 1], [2, 3], [4, 5], [6, 7]],
+    }[case]
+    trace = make_trace(reqs, list(rng.integers(1, 9, 8)))
+    want, _, _ = naive.stack_distances(*trace, prefix_aware)
+    for chunk in (1, 2, 3, 5):
+        dist, usable = in_halves(trace, prefix_aware, chunk)
+        npt.assert_array_equal(dist, want)
+        npt.assert_array_equal(usable, naive.usable_distances(want, trace.req_start))

@@ -27,6 +27,8 @@ The sampled pass (:mod:`kvtrace.analyses.sampled`) and the partitioned one
 
 from __future__ import annotations
 
+import os
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -34,11 +36,20 @@ from typing import Callable
 
 import numpy as np
 
-from kvtrace.analyses.distances import Distances, StackFold, normalise_eviction
+from kvtrace.analyses.distances import Distances, StackFold, distances_in_halves, normalise_eviction
 from kvtrace.kernels.hitcurve import binned_hits_into, keys_in_ranges, max_finite
 from kvtrace.kernels.partition import partition_estimates
-from kvtrace.kernels.stackdist import COLD, usable_distances
+from kvtrace.kernels.stackdist import COLD, half_prefix_keys_into, usable_distances
+from kvtrace.trace.source import CHUNK_ACCESSES
 
+#: An in-memory exact pass of at least this many accesses computes its distances in two
+#: halves at once (:func:`kvtrace.analyses.distances.distances_in_halves`) on a machine
+#: with two cores or more.
+HALVES_MIN_ACCESSES = 2_000_000
+#: ... cut into at least this many chunks, so that the folds keep up with the kernels.
+HALVES_CHUNKS = 8
+#: ... when its second chunk's kernel took this many times its first chunk's fold.
+HALVES_KERNEL_RATIO = 3.0
 NO_SCALE = np.empty(0, dtype=np.float64)  # binning weights: all 1
 NO_GROUP = np.empty(0, dtype=np.int32)  # one group
 _NO_USABLE = np.empty(0, dtype=np.int64)  # a kernel output not asked for
@@ -106,6 +117,14 @@ class CurvePass:
             self.release = None
 
 
+def halves_pay(kernel_seconds: float, fold_seconds: float) -> bool:
+    """Whether the rest of an exact pass runs its kernel in two halves at once: the
+    fold takes the second core otherwise, so two kernels pay only where a chunk's kernel
+    is much slower than its fold (:data:`HALVES_KERNEL_RATIO`). Results are the same
+    either way."""
+    return kernel_seconds > HALVES_KERNEL_RATIO * fold_seconds
+
+
 def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarray) -> np.ndarray:
     """int64[R]: the smallest capacity (tokens) at which each request's usable prefix
     holds at least half its prompt tokens; COLD for an empty request or one that never
@@ -114,21 +133,12 @@ def half_prefix_keys(usable: np.ndarray, tokens: np.ndarray, req_start: np.ndarr
     ``usable`` is non-decreasing along a request (a running max), so at capacity C the
     usable prefix is the blocks with ``usable <= C`` and reaches half the tokens iff the
     block at which the request's cumulative tokens first reach ``ceil(total / 2)`` is in
-    it: the key is that block's usable distance (one ``searchsorted`` over the cumulative
-    tokens; every block has >= 1 token, so the sums are strictly increasing).
+    it: the key is that block's usable distance
+    (:func:`kvtrace.kernels.stackdist.half_prefix_keys_into`).
     """
-    rs = np.asarray(req_start, dtype=np.int64)
-    keys = np.full(rs.shape[0] - 1, COLD, dtype=np.int64)
-    if usable.shape[0] == 0:
-        return keys
-    cum = np.cumsum(tokens, dtype=np.int64)
-    start, end = rs[:-1], rs[1:]
-    nonempty = end > start
-    st, en = start[nonempty], end[nonempty]
-    base = np.where(st > 0, cum[np.maximum(st - 1, 0)], 0)
-    total = cum[en - 1] - base
-    at = np.searchsorted(cum, base + (total + 1) // 2, side="left")
-    keys[nonempty] = usable[at]
+    rs = np.ascontiguousarray(req_start, dtype=np.int64)
+    keys = np.empty(rs.shape[0] - 1, dtype=np.int64)
+    half_prefix_keys_into(usable, tokens, rs, keys)
     return keys
 
 
@@ -167,15 +177,19 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
     grid = np.ascontiguousarray(grid, dtype=np.int64)
     size = np.ascontiguousarray(source.block_size, dtype=np.int64)
     depth = 1 if source.spill is None else 0  # chunks folded in while the next one's kernel runs
+    usable_col = source.column("usable", np.int64)
+    adaptive = (distances is None and partitions == 1 and source.spill is None and n >= HALVES_MIN_ACCESSES
+                and (os.cpu_count() or 1) >= 2 and usable_col.array is not None)
     fold = StackFold(size, ev, buffers=depth + 1) if distances is None else None
+    fold_seconds: list[float] = []
     hist = np.zeros((2, n_groups, grid.shape[0] + 2, 4), dtype=np.float64)
     keys = np.full(n_req, COLD, dtype=np.int64)
     half = np.full(n_req, COLD, dtype=np.int64)
     first_acc = int(rs[first_req]) if n_req else 0
     top = [0]
-    usable_col = source.column("usable", np.int64)
 
-    def fold_in(ch, dist, usable):  # everything after the kernel, one chunk, in trace order
+    def fold_in(ch, dist, usable, written=False):  # everything after the kernel, one chunk, in trace order
+        t0 = time.perf_counter()
         r, r_end, lo, hi, lrs = ch.r, ch.r_end, ch.lo, ch.hi, ch.lrs
         if partitions > 1:
             dist = partition_estimates(dist, size, ch.block, partitions)
@@ -185,9 +199,11 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
         binned_hits_into(hist, dist, usable, first, ch.tokens, ch.pos, ch.block, size, B, group, grid, NO_SCALE)
         nonempty = lrs[1:] > lrs[:-1]
         keys[r:r_end][nonempty] = usable[lrs[:-1][nonempty]]
-        half[r:r_end] = half_prefix_keys(usable, ch.tokens, lrs)
+        half_prefix_keys_into(usable, ch.tokens, lrs, half[r:r_end])
         top[0] = max(top[0], int(max_finite(dist, first)), int(max_finite(usable, first)))
-        usable_col.write(lo, usable)
+        if not written:
+            usable_col.write(lo, usable)
+        fold_seconds.append(time.perf_counter() - t0)
         return hi
 
     def done(future) -> None:  # progress is reported from the caller's thread
@@ -197,18 +213,36 @@ def exact_pass(source, eviction: str, grid: np.ndarray, first_req: int, req_grou
 
     # In memory, the kernel of chunk k + 1 runs while one worker folds chunk k in (chunks in
     # order, so the histogram's sums are added as before; the fold's two buffer pairs
-    # alternate). A streamed source holds one chunk at a time (its memory budget): no overlap.
+    # alternate). A large trace whose kernel is much slower than its fold (a stream with
+    # little locality) then runs the rest in two halves at once (halves_pay). A streamed
+    # source holds one chunk at a time (its memory budget): no overlap.
     try:
         with usable_col, ThreadPoolExecutor(1, thread_name_prefix="kvtrace-fold") as after:
             pending: deque = deque()
-            for ch in source.chunks(local_req=req_group is not None):
+            size_hint = max(1, min(CHUNK_ACCESSES, -(-n // HALVES_CHUNKS))) if adaptive else None
+            chunks = source.chunks(local_req=req_group is not None, size=size_hint)
+            chunks = list(chunks) if adaptive else chunks  # in memory: views
+            for i, ch in enumerate(chunks):
+                t0 = time.perf_counter()
                 if fold is None:
                     dist, usable = distances.dist[ch.lo:ch.hi], distances.usable[ch.lo:ch.hi]
                 else:  # a partition's usable distances are those of its estimates (fold_in)
                     dist, usable = fold.step(ch, usable=None if partitions == 1 else _NO_USABLE)
+                kernel_seconds = time.perf_counter() - t0
                 pending.append(after.submit(fold_in, ch, dist, usable))
                 while len(pending) > depth:  # before the next chunk is read: at most depth + 1 alive
                     done(pending.popleft())
+                if adaptive and i == 1 and len(chunks) >= 4 and halves_pay(kernel_seconds, fold_seconds[0]):
+                    dist_all = np.empty(n, dtype=np.int64)  # only the rest's range is touched
+
+                    def emit(ch) -> None:
+                        pending.append(after.submit(fold_in, ch, dist_all[ch.lo:ch.hi],
+                                                    usable_col.array[ch.lo:ch.hi], True))
+                        while pending and pending[0].done():
+                            done(pending.popleft())
+
+                    distances_in_halves(chunks[2:], size, ev, dist_all, usable_col.array, emit, early=fold)
+                    break
             while pending:
                 done(pending.popleft())
     except BaseException:
@@ -232,13 +266,20 @@ class _UsableKeys:
         self.req_group, self.n_groups = req_group, n_groups
 
     def in_ranges(self, lo_keys: np.ndarray, hi_keys: np.ndarray):
-        """:func:`kvtrace.kernels.hitcurve.keys_in_ranges` over the measured accesses, in trace order."""
-        parts = []
-        for ch in self.source.chunks(blocks=False, columns=[self.column], local_req=False):
-            if ch.hi <= self.first_acc:
-                continue
-            parts.append(keys_in_ranges(ch.extra[0], max(self.first_acc - ch.lo, 0), ch.tokens, ch.pos,
-                                        self.block_tokens, lo_keys, hi_keys, NO_SCALE))
+        """:func:`kvtrace.kernels.hitcurve.keys_in_ranges` over the measured accesses, in
+        trace order (an in-memory trace's chunks on every core, a streamed one's one at a
+        time)."""
+        def scan(ch):
+            return keys_in_ranges(ch.extra[0], max(self.first_acc - ch.lo, 0), ch.tokens, ch.pos,
+                                  self.block_tokens, lo_keys, hi_keys, NO_SCALE)
+
+        chunks = (ch for ch in self.source.chunks(blocks=False, columns=[self.column], local_req=False)
+                  if ch.hi > self.first_acc)
+        if self.source.spill is None and (os.cpu_count() or 1) > 1:
+            with ThreadPoolExecutor(os.cpu_count(), thread_name_prefix="kvtrace-knees") as pool:
+                parts = list(pool.map(scan, chunks))
+        else:
+            parts = [scan(ch) for ch in chunks]
         if not parts:
             return keys_in_ranges(np.empty(0, np.int64), 0, np.empty(0, np.int32), np.empty(0, np.int32),
                                   self.block_tokens, lo_keys, hi_keys, NO_SCALE)

@@ -18,7 +18,9 @@ import numpy as np
 import polars as pl
 
 from kvtrace.errors import UsageError
-from kvtrace.kernels.stackdist import COLD, StackState, stack_distances_chunk
+from kvtrace.kernels.stack_halves import longest_request, resolve_first_touches
+from kvtrace.kernels.stackdist import (COLD, StackState, stack_distances_chunk, stack_distances_open,
+                                       usable_distances_into)
 from kvtrace.trace import Trace
 
 EVICTIONS = ("prefix-aware", "flat")
@@ -124,6 +126,56 @@ class StackFold:
         stack_distances_chunk(ch.block, self.size, ch.lrs, ch.r, self.prefix_aware, *self.state.arrays(), dist,
                               _EMPTY if prev is None else prev, usable)
         return dist, usable
+
+
+def distances_in_halves(chunks: list, block_size: np.ndarray, eviction: str, dist: np.ndarray, usable: np.ndarray,
+                        emit: Callable, early: StackFold | None = None) -> None:
+    """Exact distances of an in-memory trace's chunks (consecutive, in order) on two
+    threads: the later half's kernel on a worker while this thread runs the earlier
+    half's, then this thread resolves the later half's first touches chunk by chunk
+    (:mod:`kvtrace.kernels.stack_halves`). Fills ``dist[lo:hi]`` and ``usable[lo:hi]``
+    of every chunk, the same values as one :class:`StackFold` pass, and calls
+    ``emit(chunk)`` once a chunk's are final, in trace order.
+
+    ``early``: the fold that has run every chunk before these (None: these are the
+    first), continued by the earlier half. Memory: a second stack state (O(distinct
+    blocks)) for the later half."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = sum(ch.hi - ch.lo for ch in chunks)
+    k, acc = 0, 0
+    while k < len(chunks) - 1 and acc + (chunks[k].hi - chunks[k].lo) <= n // 2:
+        acc += chunks[k].hi - chunks[k].lo
+        k += 1
+    k = max(k, 1)
+    first_half, late = chunks[:k], chunks[k:]
+    fold = StackFold(block_size, eviction) if early is None else early
+    later = StackState(fold.size.shape[0])
+    later.last_request = _EMPTY
+    pa = fold.prefix_aware
+
+    def run_late(ch) -> None:
+        stack_distances_open(ch.block, fold.size, ch.lrs, ch.r, pa, *later.arrays(), dist[ch.lo:ch.hi])
+
+    with ThreadPoolExecutor(1, thread_name_prefix="kvtrace-later-half") as pool:
+        futures = [pool.submit(run_late, ch) for ch in late]  # one worker: in order
+        try:
+            for ch in first_half:
+                fold.step(ch, dist=dist[ch.lo:ch.hi], usable=usable[ch.lo:ch.hi])
+                emit(ch)
+            st = fold.state
+            pending = np.empty(max([longest_request(ch.lrs) for ch in late], default=0), dtype=np.int64)
+            for ch, fut in zip(late, futures):
+                fut.result()
+                d = dist[ch.lo:ch.hi]
+                resolve_first_touches(ch.block, fold.size, ch.lrs, pa, st.tree, st.offsets, st.slot_size,
+                                      st.last_slot, st.scalars, d, pending)
+                usable_distances_into(d, ch.lrs, usable[ch.lo:ch.hi])
+                emit(ch)
+        except BaseException:
+            for fut in futures:
+                fut.cancel()
+            raise
 
 
 def reuse_distances(

@@ -482,7 +482,7 @@ class Sampler:
         self.used = np.empty(self.window + 1, dtype=np.int64)
         self.clock = np.zeros(1, dtype=np.int64)
         # the sum tree over the sampled blocks, slots indexed by tracked index
-        self.state = StackState(n + 1)
+        self.state = StackState(n + 1, slot_blocks=True)
         self.slot_time = np.zeros(self.state.slot_block.shape[0], dtype=np.int64)
         # block ids an exact window of the next chunk may read: the accesses from
         # ``tail_lo`` to the chunk, and the first ``window`` of the request holding

@@ -27,7 +27,9 @@ writes (a Fenwick tree needs log2 K scattered ones; moving a block is the hot pa
 a sum O(64 log64 K) contiguous reads, each level summed from whichever end of its block
 is nearer. Slots are handed out in touch order; when they run out, live slots are
 renumbered in order and the sums rebuilt in O(K), so memory stays O(distinct blocks)
-whatever the number of accesses. Time O(N log M).
+whatever the number of accesses. Time O(N log M). A live block's size is read from
+its slot (no per-block size lookup but for first touches) and no slot -> block table is
+kept: a compaction renumbers through each block's slot instead.
 
 Prompts reuse whole runs of blocks that were touched together, so consecutive queries
 usually land on neighbouring slots. The kernel keeps the last prefix sum and walks the
@@ -43,6 +45,7 @@ from numba import njit
 
 from kvtrace.config import NJIT
 from kvtrace.kernels.memory import table_full, table_zeros
+from kvtrace.kernels.prefetch import prefetch_row
 
 COLD = np.iinfo(np.int64).max
 
@@ -55,6 +58,8 @@ FAN = 1 << SHIFT
 # Widest gap between two queried slots that is walked slot by slot rather than
 # answered from the tree.
 WALK = 16
+#: Accesses ahead whose per-block slot entry a query prefetches.
+AHEAD = 16
 
 
 def tree_layout(n_blocks: int):
@@ -79,9 +84,13 @@ class StackState:
     ----------
     n_blocks : int
         Number of distinct blocks M (dense ids 0..M-1).
+    slot_blocks : bool
+        Keep ``slot_block`` as the block at each slot (-1: free), for kernels that read
+        it (:mod:`kvtrace.kernels.shards`); the stack-distance kernel keeps none and uses
+        the array as its compaction's scratch (:func:`compact_by_block`), never filled.
     """
 
-    def __init__(self, n_blocks: int) -> None:
+    def __init__(self, n_blocks: int, slot_blocks: bool = False) -> None:
         slots, offsets = tree_layout(n_blocks)
         # tables read at random: huge pages where large (kvtrace.kernels.memory); the
         # per-slot and per-block tables int32 where every slot number fits (half the
@@ -89,7 +98,7 @@ class StackState:
         small = np.int32 if slots < (1 << 31) else np.int64
         self.tree = table_zeros(max(int(offsets[-1]), 1), np.int64)
         self.offsets = offsets
-        self.slot_block = table_full(slots, -1, small)
+        self.slot_block = table_full(slots, -1, small) if slot_blocks else table_zeros(slots, small)
         self.slot_size = table_zeros(slots, small)  # size at a live slot, 0 when free (sizes < 2**31)
         self.last_slot = table_full(int(n_blocks), -1, small)
         self.last_request = table_full(int(n_blocks), -1, np.int64)
@@ -181,6 +190,29 @@ def compact_slots(tree, offsets, slot_block, slot_size, slot_time, last_slot, sc
 
 
 @njit(**NJIT)
+def compact_by_block(tree, offsets, slot_size, last_slot, renumber, scalars):
+    """:func:`compact_slots` for a stack that keeps no slot -> block table: live slots
+    (size > 0: every block has >= 1 token) renumbered 0..live-1 in touch order through
+    the scratch ``renumber`` (one entry per slot), each block's slot moved by a scan of
+    ``last_slot``; the sums rebuilt. O(slots + blocks)."""
+    live = 0
+    for s in range(scalars[NEXT_SLOT]):
+        v = slot_size[s]
+        if v > 0:
+            renumber[s] = live
+            slot_size[s] = 0
+            slot_size[live] = v
+            live += 1
+    for b in range(last_slot.shape[0]):
+        s = last_slot[b]
+        if s >= 0:
+            last_slot[b] = renumber[s]
+    rebuild_sums(tree, offsets, slot_size, live)
+    scalars[NEXT_SLOT] = live
+    scalars[CACHE_SLOT] = -1
+
+
+@njit(**NJIT)
 def stack_distances_chunk(
     block, size, req_start, first_request, prefix_aware,
     tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
@@ -191,7 +223,38 @@ def stack_distances_chunk(
     ``first_request`` is the global index of the chunk's first request. Distances go
     to ``dist``; the request of each block's previous touch to ``prev_request`` and
     the usable-prefix distance (running max along the request) to ``usable`` (pass
-    empty arrays to skip them). State arrays are updated in place.
+    empty arrays to skip them). State arrays are updated in place (``slot_block`` is
+    the compaction's scratch: :class:`StackState`).
+    """
+    _stack_pass(block, size, req_start, first_request, prefix_aware, tree, offsets, slot_block, slot_size,
+                last_slot, last_request, scalars, dist, prev_request, usable, False)
+
+
+@njit(**NJIT)
+def stack_distances_open(
+    block, size, req_start, first_request, prefix_aware,
+    tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
+    dist,
+):
+    """:func:`stack_distances_chunk` on a stream whose past is not known (the later part
+    of a trace cut in two, :mod:`kvtrace.kernels.stack_halves`): an access whose block
+    the state has not seen gets ``dist = -1 - total``, the tokens of the distinct blocks
+    this stream touched before it (what it adds to the block's depth in the whole
+    stack), instead of COLD; every other access gets its exact distance (its previous
+    touch, and every touch since, are in this stream). No usable or previous-request
+    output (a first touch's distance is not known yet)."""
+    no_output = np.empty(0, dtype=np.int64)
+    _stack_pass(block, size, req_start, first_request, prefix_aware, tree, offsets, slot_block, slot_size,
+                last_slot, last_request, scalars, dist, no_output, no_output, True)
+
+
+@njit(**NJIT)
+def _stack_pass(
+    block, size, req_start, first_request, prefix_aware,
+    tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
+    dist, prev_request, usable, open_past,
+):
+    """The kernel of :func:`stack_distances_chunk` and :func:`stack_distances_open`.
 
     The hot path (query and touch) is written out in this one loop, with the scalar
     state in local variables: this kernel runs once per block access of a trace.
@@ -199,8 +262,8 @@ def stack_distances_chunk(
     n_req = req_start.shape[0] - 1
     want_prev = prev_request.shape[0] > 0
     want_usable = usable.shape[0] > 0
-    no_times = np.empty(0, dtype=np.int64)
-    n_slots = slot_block.shape[0]
+    n_slots = slot_size.shape[0]
+    n_acc = block.shape[0]
     top = offsets.shape[0] - 1  # tree levels are 1..top-1
     next_slot = scalars[NEXT_SLOT]
     total = scalars[TOTAL]
@@ -222,12 +285,16 @@ def stack_distances_chunk(
             do_query = phase == 0
             do_touch = (not prefix_aware) or phase == 1
             for t in range(start, stop, step):
+                if do_query and t + AHEAD < n_acc:  # the block read AHEAD accesses on: its slot's line
+                    prefetch_row(last_slot, block[t + AHEAD])
                 b = block[t]
-                sz = size[b]
                 s = last_slot[b]
+                # a live block's size sits at its slot, read next anyway (near the last query's
+                # slot, mostly): the per-block size table is read for first touches only
+                sz = slot_size[s] if s >= 0 else size[b]
                 if do_query:
                     if s < 0:
-                        dist[t] = COLD
+                        dist[t] = -1 - total if open_past else COLD
                         running = COLD
                     else:
                         if cache_slot >= 0 and cache_slot - WALK <= s <= cache_slot + WALK:
@@ -255,7 +322,7 @@ def stack_distances_chunk(
                         last_request[b] = g
                     if next_slot == n_slots:
                         scalars[NEXT_SLOT] = next_slot
-                        compact_slots(tree, offsets, slot_block, slot_size, no_times, last_slot, scalars)
+                        compact_by_block(tree, offsets, slot_size, last_slot, slot_block, scalars)
                         next_slot = scalars[NEXT_SLOT]
                         cache_slot = -1
                         s = last_slot[b]
@@ -264,7 +331,6 @@ def stack_distances_chunk(
                         for level in range(1, top):
                             i >>= SHIFT
                             tree[offsets[level] + i] -= sz
-                        slot_block[s] = -1
                         slot_size[s] = 0
                         if s <= cache_slot:
                             cache_sum -= sz
@@ -275,7 +341,6 @@ def stack_distances_chunk(
                     for level in range(1, top):
                         i >>= SHIFT
                         tree[offsets[level] + i] += sz
-                    slot_block[next_slot] = b
                     slot_size[next_slot] = sz
                     last_slot[b] = next_slot
                     next_slot += 1
@@ -335,10 +400,37 @@ def usable_distances(dist, req_start):
     0..j of r hits, i.e. ``max(dist[r, 0..j]) <= C``. COLD propagates.
     """
     out = np.empty_like(dist)
+    usable_distances_into(dist, req_start, out)
+    return out
+
+
+@njit(**NJIT)
+def usable_distances_into(dist, req_start, out):
+    """:func:`usable_distances` written into ``out``."""
     for r in range(req_start.shape[0] - 1):
         running = 0
         for t in range(req_start[r], req_start[r + 1]):
             if dist[t] > running:
                 running = dist[t]
             out[t] = running
-    return out
+
+
+@njit(**NJIT)
+def half_prefix_keys_into(usable, tokens, req_start, out):
+    """Each request's half-prefix key into ``out`` (one per request): the usable
+    distance of the block at which the request's cumulative tokens first reach
+    ``ceil(total / 2)``, COLD for a request without blocks
+    (:func:`kvtrace.analyses.curve_pass.half_prefix_keys` states why)."""
+    for r in range(req_start.shape[0] - 1):
+        lo, hi = req_start[r], req_start[r + 1]
+        out[r] = COLD
+        total = 0
+        for t in range(lo, hi):
+            total += tokens[t]
+        target = (total + 1) // 2
+        c = 0
+        for t in range(lo, hi):
+            c += tokens[t]
+            if c >= target:
+                out[r] = usable[t]
+                break
