@@ -674,7 +674,7 @@ def test_request_binning_equals_a_sorted_search(seed):
         np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(9))
 def test_keys_in_ranges_equals_a_filter(seed):
     """keys_in_ranges = a numpy filter of the keys in the ranges, in trace order, with
     their range, tokens and position-token sum (times the scale when given)."""
@@ -687,9 +687,11 @@ def test_keys_in_ranges_equals_a_filter(seed):
     tokens = rng.integers(1, 17, n).astype(np.int32)
     pos = rng.integers(0, 300, n).astype(np.int32)
     edges = np.unique(rng.integers(-1, 5_000, 2 * int(rng.integers(1, 5))))
-    if edges.shape[0] % 2:
-        edges = edges[:-1]
-    lo, hi = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
+    if seed % 3 == 0:  # adjacent ranges, as the knees' neighbouring grid bins: (a, b], (b, c], ...
+        lo, hi = edges[:-1].astype(np.int64), edges[1:].astype(np.int64)
+    else:
+        edges = edges[:edges.shape[0] // 2 * 2]
+        lo, hi = edges[0::2].astype(np.int64), edges[1::2].astype(np.int64)
     first = int(rng.integers(0, n + 1))
     scale = rng.random(n) if seed % 2 else np.empty(0)
     ks, r, tok, q = keys_in_ranges(keys, first, tokens, pos, 16, lo, hi, scale)

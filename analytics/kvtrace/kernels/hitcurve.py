@@ -159,20 +159,22 @@ def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, sca
     """Keys of the accesses falling in one of the key ranges ``(lo_keys[i], hi_keys[i]]``
     (sorted, disjoint, few), with the range index, tokens and position-token sum
     (times ``scale`` when given): the raw material for an exact capacity between two
-    grid points."""
+    grid points. A key's range is a binary search over the ranges' edges
+    (:func:`_range_of`)."""
     n_ranges = lo_keys.shape[0]
     scaled = scale.shape[0] > 0
     bt = np.float64(block_tokens)
+    edges = np.empty(2 * n_ranges, dtype=np.int64)
+    for i in range(n_ranges):
+        edges[2 * i] = lo_keys[i]
+        edges[2 * i + 1] = hi_keys[i]
     lo_all = lo_keys[0] if n_ranges else 0
     hi_all = hi_keys[n_ranges - 1] if n_ranges else 0
     n = 0
     for t in range(first, keys.shape[0]):
         k = keys[t]
-        if lo_all < k <= hi_all:
-            for i in range(n_ranges):
-                if lo_keys[i] < k <= hi_keys[i]:
-                    n += 1
-                    break
+        if lo_all < k <= hi_all and _range_of(edges, k) >= 0:
+            n += 1
     out_k = np.empty(n, dtype=np.int64)
     out_r = np.empty(n, dtype=np.int64)
     out_tok = np.empty(n, dtype=np.float64)
@@ -181,18 +183,32 @@ def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, sca
     for t in range(first, keys.shape[0]):
         k = keys[t]
         if lo_all < k <= hi_all:
-            for i in range(n_ranges):
-                if lo_keys[i] < k <= hi_keys[i]:
-                    w0 = scale[t] if scaled else 1.0
-                    kk = np.float64(tokens[t])
-                    s = np.float64(pos[t]) * bt
-                    out_k[j] = k
-                    out_r[j] = i
-                    out_tok[j] = w0 * kk
-                    out_q[j] = w0 * (kk * s + kk * (kk - 1.0) * 0.5)
-                    j += 1
-                    break
+            i = _range_of(edges, k)
+            if i >= 0:
+                w0 = scale[t] if scaled else 1.0
+                kk = np.float64(tokens[t])
+                s = np.float64(pos[t]) * bt
+                out_k[j] = k
+                out_r[j] = i
+                out_tok[j] = w0 * kk
+                out_q[j] = w0 * (kk * s + kk * (kk - 1.0) * 0.5)
+                j += 1
     return out_k, out_r, out_tok, out_q
+
+
+@njit(**NJIT_INLINE)
+def _range_of(edges, k):
+    """Index i of the range ``(edges[2i], edges[2i + 1]]`` holding ``k``, or -1: the
+    count of edges below ``k`` is odd exactly inside a range."""
+    lo = 0
+    hi = edges.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if edges[mid] < k:
+            lo = mid + 1
+        else:
+            hi = mid
+    return (lo - 1) >> 1 if lo & 1 else -1
 
 
 @njit(**NJIT)
