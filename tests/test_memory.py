@@ -121,3 +121,51 @@ def test_a_large_table_is_private_anonymous_memory():
     entry = _smaps_entry(a.ctypes.data)
     assert entry["Rss"] >= n // 1024
     assert entry["Anonymous"] == entry["Rss"] and entry.get("Shared_Dirty", 0) == 0
+
+
+def test_library_entry_points_run_with_numpy_huge_pages_off_and_restore_them():
+    """A program calling kvtrace keeps numpy's huge-page setting for its own arrays: an
+    entry point turns it off while it runs (nested and concurrent calls share one
+    switch) and puts back what the caller had."""
+    import threading
+
+    from kvtrace.config import plain_numpy_pages
+
+    setter = np._core.multiarray._set_madvise_hugepage
+    seen = []
+
+    @plain_numpy_pages
+    def inner():
+        seen.append(setter(False))  # what numpy had inside: off
+        return 7
+
+    @plain_numpy_pages
+    def outer():
+        assert inner() == 7
+        seen.append(setter(False))  # still off after the nested call returned
+        threads = [threading.Thread(target=inner) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seen.append(setter(False))
+
+    before = setter(True)
+    try:
+        outer()
+        assert seen == [False] * 7
+        assert setter(True) is True  # restored
+        setter(False)
+        outer()
+        assert setter(False) is False  # a caller that had it off keeps it off
+    finally:
+        setter(before)
+
+
+def test_the_entry_points_are_wrapped():
+    from kvtrace.analyses.curves import compute_curve
+    from kvtrace.analyses.whatif.simulate import simulate
+    from kvtrace.ingest import load_trace
+
+    for fn in (load_trace, compute_curve, simulate):
+        assert fn.__wrapped__.__name__ == fn.__name__

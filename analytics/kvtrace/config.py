@@ -12,7 +12,10 @@ Kernels read their decorator flags from here rather than hard-coding them, so a 
 
 from __future__ import annotations
 
+import functools
 import os
+import threading
+from typing import Callable
 
 
 def _flag(name: str, default: bool) -> bool:
@@ -43,9 +46,44 @@ def stop_numpy_huge_pages() -> None:
     system time in proportion to the accesses. numpy reads
     ``NUMPY_MADVISE_HUGEPAGE`` at import, too early for a console script to set; this
     is the switch that variable sets."""
+    setter = _numpy_huge_page_switch()
+    if setter is not None:
+        setter(False)
+
+
+def _numpy_huge_page_switch():
+    """numpy's ``_set_madvise_hugepage`` (returns the previous setting), or None."""
     import numpy as np
 
     core = getattr(np, "_core", None) or getattr(np, "core", None)
-    setter = getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
-    if setter is not None:
-        setter(False)
+    return getattr(getattr(core, "multiarray", None), "_set_madvise_hugepage", None)
+
+
+_plain_lock = threading.Lock()
+_plain_depth = [0, None]  # calls inside plain_numpy_pages, numpy's setting before the first
+
+
+def plain_numpy_pages(fn: Callable) -> Callable:
+    """Run ``fn`` with numpy's huge-page request off (:func:`stop_numpy_huge_pages`),
+    then put back what the caller had: the library's entry points (loading a trace,
+    a curve, a replay) run at the CLI's speed when called from a program, which keeps
+    numpy's default for its own arrays. Nested and concurrent calls share one switch:
+    the first in turns it off, the last out restores it."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        setter = _numpy_huge_page_switch()
+        if setter is None:
+            return fn(*args, **kwargs)
+        with _plain_lock:
+            if _plain_depth[0] == 0:
+                _plain_depth[1] = setter(False)
+            _plain_depth[0] += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            with _plain_lock:
+                _plain_depth[0] -= 1
+                if _plain_depth[0] == 0:
+                    setter(_plain_depth[1])
+
+    return wrapper

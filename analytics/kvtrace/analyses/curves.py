@@ -47,6 +47,7 @@ import polars as pl
 from kvtrace.analyses.curve_pass import NO_GROUP, NO_SCALE, CurvePass, exact_pass, half_prefix_keys  # noqa: F401
 from kvtrace.analyses.distances import Distances, normalise_eviction
 from kvtrace.analyses.sampled import SUBSAMPLES, sampled_pass, subsample_error
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.kernels.hitcurve import binned_requests
 from kvtrace.kernels.stackdist import COLD
@@ -288,6 +289,7 @@ def evaluate_pass(passed: CurvePass, n_groups: int, grid: np.ndarray, a, b,
                        all_pre, rkeys, rmembers, rweights)
 
 
+@plain_numpy_pages
 def compute_curve(
     trace: Trace,
     *,

@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 import polars as pl
 
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels.stack_halves import longest_request, resolve_first_touches
 from kvtrace.kernels.stackdist import (COLD, StackState, stack_distances_chunk, stack_distances_open,
@@ -178,6 +179,7 @@ def distances_in_halves(chunks: list, block_size: np.ndarray, eviction: str, dis
             raise
 
 
+@plain_numpy_pages
 def reuse_distances(
     trace: Trace,
     eviction: str = "prefix-aware",

@@ -44,7 +44,7 @@ from numba import njit
 from kvtrace.analyses.curve_pass import CurvePass
 from kvtrace.analyses.curves import (KNEE_FRACTIONS, KNEE_METRICS, RATE_COLUMNS, CurveResult, evaluate_pass, nan_none,
                                      default_grid, plan_curve)
-from kvtrace.config import NJIT
+from kvtrace.config import NJIT, plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels import engine_sglang as S
 from kvtrace.kernels import engine_vllm as V
@@ -352,6 +352,7 @@ def _state_bytes(pages: int, n_ids: int) -> int:
     return 4 * (5 * max(pages, 0) + n_ids) + 8 * max(pages, 1)
 
 
+@plain_numpy_pages
 def engine_curve(trace, cache_rules: "str | EngineRules", *, model=None, gpu=None, capacities=None,
                  display_capacities=None, points: int = ENGINE_POINTS, warmup=None, by=None,
                  in_flight: bool = False, service_time: str = DEFAULT_SERVICE_TIME, cache_decode: bool = False,

@@ -45,6 +45,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import numpy as np
 import polars as pl
 
+from kvtrace.config import plain_numpy_pages
 from kvtrace.ingest.rechain import access_chain_report
 from kvtrace.kernels.reuse import visit_blocks
 from kvtrace.model import ModelSpec, resolve_model
@@ -123,6 +124,7 @@ def _percentile_row(name: str, x: np.ndarray) -> dict:
     return row
 
 
+@plain_numpy_pages
 def trace_stats(trace, model: ModelSpec | str | None = None, top: int = 10,
                 progress: Callable[[int, int], None] | None = None) -> TraceStats:
     """Summary statistics of a trace.

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest.guard import check_before_read, check_memory, check_sizes, reading
 from kvtrace.trace import Trace, TraceMeta
@@ -335,6 +336,7 @@ def row_locator(path: str, kind: str, source, df) -> Callable[[int], dict]:
     return lambda row: {"path": path, "row": int(origin[row] if origin is not None else row)}
 
 
+@plain_numpy_pages
 def load_trace(
     path: str | os.PathLike,
     *,

@@ -53,6 +53,7 @@ from typing import Callable, Sequence
 import numpy as np
 import polars as pl
 
+from kvtrace.config import plain_numpy_pages
 from kvtrace.trace import spill as spill_mod
 from kvtrace.errors import KvtraceError, UsageError
 from kvtrace.ingest import probe_rows, unchained_warning
@@ -273,6 +274,7 @@ class StreamedTrace(ChunkedSource):
         return request_chunks(self._req_start, source.CHUNK_ACCESSES if size is None else size)
 
 
+@plain_numpy_pages
 def open_stream(path: str | os.PathLike, *, fmt: str = "auto", block_tokens: int | None = None,
                 share_tenants: bool = False, columns: Sequence[str] = (), spill_dir: str | os.PathLike | None = None,
                 progress: Callable[[int, int], None] | None = None, log=None) -> StreamedTrace:

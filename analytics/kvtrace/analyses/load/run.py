@@ -19,6 +19,7 @@ from kvtrace.analyses.load.model import LoadLevel, LoadModel
 from kvtrace.analyses.response import ResponseModel, percentiles
 from kvtrace.analyses.whatif.config import TierConfig
 from kvtrace.analyses.whatif.simulate import simulate
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels import queueing as Q
 from kvtrace.model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
@@ -250,6 +251,7 @@ def _summarise(sim, demand, level, load, response, w0, w1, n_meas, keep_ttft):
     return row, rows, (ttft.copy() if keep_ttft else None)
 
 
+@plain_numpy_pages
 def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpec | str | None = None,
                   gpu: GpuSpec | str | None = None, response: ResponseModel | None = None,
                   eviction: str = "prefix-aware", cache_rules: str = "ideal", warmup=None, values=None,
@@ -273,6 +275,7 @@ def replay_demand(trace, config: TierConfig, load: LoadModel, *, model: ModelSpe
     return demand, result
 
 
+@plain_numpy_pages
 def load_curve(trace, configs: list[TierConfig], levels: list[LoadLevel], load: LoadModel, *,
                model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
                response: ResponseModel | None = None, eviction: str = "prefix-aware", cache_rules: str = "ideal",

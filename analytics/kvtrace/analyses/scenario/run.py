@@ -29,6 +29,7 @@ from kvtrace.analyses.scenario.prewarm import held_below, schedule
 from kvtrace.analyses.scenario.events import BASELINE, Action, Editor, EventPlan, plan_events
 from kvtrace.analyses.whatif.config import PROMOTIONS, route
 from kvtrace.analyses.whatif.simulate import tier_rules
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.scenario_ops import (N_PF, PF_COVERED, PF_DISPLACED, PF_HELD, PF_MOVED, PF_NEEDED,
@@ -582,6 +583,7 @@ class ScenarioResult:
                 "events": self.events.to_dicts(), "info": self.info}
 
 
+@plain_numpy_pages
 def run_scenarios(trace, cfg: ScenarioFile, *, model: ModelSpec, gpu: GpuSpec, response: ResponseModel,
                   progress=None) -> ScenarioResult:
     """Every scenario of ``cfg`` (and the baseline without events) over ``trace``."""

@@ -35,6 +35,7 @@ from typing import Callable, Iterator, NamedTuple
 import numpy as np
 import polars as pl
 
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import KvtraceError
 from kvtrace.kernels.future import lead_lag_windows, next_access_chunk
 from kvtrace.model import GpuSpec, ModelSpec
@@ -519,6 +520,7 @@ def future_reuse(
     return FutureReuseChunks.of(trace, model, gpu, horizon_s, costs).arrays()
 
 
+@plain_numpy_pages
 def streamed_values(trace: TraceSource, *, model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
                     horizon_s: float | str | None = DEFAULT_HORIZON_S, costs: StorageCosts | None = None,
                     progress: Progress | None = None) -> Path:
@@ -545,6 +547,7 @@ def streamed_values(trace: TraceSource, *, model: ModelSpec | str | None = None,
     return FutureReuseChunks.of(trace, model, gpu, horizon_s, costs).values_path(trace.spill, progress)
 
 
+@plain_numpy_pages
 def access_values(trace: TraceSource, *, model: ModelSpec | str | None = None, gpu: GpuSpec | str | None = None,
                   horizon_s: float | str | None = DEFAULT_HORIZON_S, costs: StorageCosts | None = None,
                   progress: Progress | None = None) -> np.ndarray | Path:

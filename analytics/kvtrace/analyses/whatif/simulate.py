@@ -28,6 +28,7 @@ from kvtrace.analyses.response import ResponseModel
 from kvtrace.analyses.whatif.config import PROMOTIONS, TierConfig, route
 from kvtrace.analyses.whatif.metrics import RequestFold, residency_table, summarise, summary_table
 from kvtrace.analyses.whatif.policy import Policy
+from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels import tiers as K
 from kvtrace.kernels.memory import Scratch
@@ -181,6 +182,7 @@ def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, fi
     return sim.finish()
 
 
+@plain_numpy_pages
 def simulate(
     trace: TraceSource,
     config: TierConfig,

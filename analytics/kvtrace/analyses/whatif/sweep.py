@@ -20,6 +20,7 @@ from kvtrace.analyses.response import ResponseModel
 from kvtrace.analyses.whatif.config import TierConfig
 from kvtrace.analyses.whatif.metrics import summary_table
 from kvtrace.analyses.whatif.simulate import simulate, values_array
+from kvtrace.config import plain_numpy_pages
 from kvtrace.kernels.memory import Scratch
 from kvtrace.model import GpuSpec, ModelSpec, resolve_gpu, resolve_model
 from kvtrace.trace import Accesses, Trace
@@ -132,6 +133,7 @@ def plan_workers(n_configs: int, n_accesses: int, workers: int | None = None) ->
                f"with the ~{WORKER_START_S:g} s they need to start)")
 
 
+@plain_numpy_pages
 def sweep(
     trace: TraceSource,
     configs: list[TierConfig],
