@@ -20,8 +20,7 @@ import polars as pl
 from kvtrace.config import plain_numpy_pages
 from kvtrace.errors import UsageError
 from kvtrace.kernels.stack_halves import longest_request, resolve_first_touches
-from kvtrace.kernels.stackdist import (COLD, StackState, stack_distances_chunk, stack_distances_open,
-                                       usable_distances_into)
+from kvtrace.kernels.stackdist import COLD, StackState, stack_distances_chunk, usable_distances_into
 from kvtrace.trace import Trace
 
 EVICTIONS = ("prefix-aware", "flat")
@@ -156,7 +155,8 @@ def distances_in_halves(chunks: list, block_size: np.ndarray, eviction: str, dis
     pa = fold.prefix_aware
 
     def run_late(ch) -> None:
-        stack_distances_open(ch.block, fold.size, ch.lrs, ch.r, pa, *later.arrays(), dist[ch.lo:ch.hi])
+        stack_distances_chunk(ch.block, fold.size, ch.lrs, ch.r, pa, *later.arrays(), dist[ch.lo:ch.hi], _EMPTY,
+                              _EMPTY, True)
 
     with ThreadPoolExecutor(1, thread_name_prefix="kvtrace-later-half") as pool:
         futures = [pool.submit(run_late, ch) for ch in late]  # one worker: in order

@@ -198,17 +198,10 @@ def keys_in_ranges(keys, first, tokens, pos, block_tokens, lo_keys, hi_keys, sca
 
 @njit(**NJIT_INLINE)
 def _range_of(edges, k):
-    """Index i of the range ``(edges[2i], edges[2i + 1]]`` holding ``k``, or -1: the
-    count of edges below ``k`` is odd exactly inside a range."""
-    lo = 0
-    hi = edges.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if edges[mid] < k:
-            lo = mid + 1
-        else:
-            hi = mid
-    return (lo - 1) >> 1 if lo & 1 else -1
+    """Index i of the range ``(edges[2i], edges[2i + 1]]`` holding ``k`` (not COLD), or
+    -1: the count of edges below ``k`` (:func:`_bin`) is odd exactly inside a range."""
+    below = _bin(edges, k)
+    return (below - 1) >> 1 if below & 1 else -1
 
 
 @njit(**NJIT)

@@ -3,8 +3,8 @@ first touches of the later half resolved against the earlier half's final stack.
 
 Cut the requests into an earlier part A and a later part B. An access of B whose block
 B touched before has all of its reuse interval inside B: B's own stack, started empty
-(:func:`kvtrace.kernels.stackdist.stack_distances_open`), gives its distance exactly.
-An access of B to a block B has not touched yet (a *first touch*) gets from B's pass
+(:func:`kvtrace.kernels.stackdist.stack_distances_chunk` with ``open_past``), gives its
+distance exactly. An access of B to a block B has not touched yet (a *first touch*) gets from B's pass
 ``-1 - beta``, ``beta`` the tokens of the distinct blocks B touched before it. Its
 distance in the whole stream is then
 
@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit
 
 from kvtrace.config import NJIT
-from kvtrace.kernels.stackdist import COLD, SHIFT, TOTAL, WALK, prefix_of
+from kvtrace.kernels.stackdist import COLD, SHIFT, TOTAL, walk_prefix
 
 
 @njit(**NJIT)
@@ -62,16 +62,7 @@ def resolve_first_touches(block, size, req_start, prefix_aware, tree, offsets, s
             if s < 0:
                 dist[t] = COLD
                 continue
-            if cache_slot >= 0 and cache_slot - WALK <= s <= cache_slot + WALK:
-                acc = cache_sum
-                if s > cache_slot:
-                    for u in range(cache_slot + 1, s + 1):
-                        acc += slot_size[u]
-                else:
-                    for u in range(s + 1, cache_slot + 1):
-                        acc -= slot_size[u]
-            else:
-                acc = prefix_of(tree, offsets, slot_size, s, total)
+            acc = walk_prefix(tree, offsets, slot_size, s, total, cache_slot, cache_sum)
             cache_slot = s
             cache_sum = acc
             dist[t] = size[b] + (-1 - mark) + (total - acc)

@@ -43,7 +43,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from kvtrace.config import NJIT
+from kvtrace.config import NJIT, NJIT_INLINE
 from kvtrace.kernels.memory import table_full, table_zeros
 from kvtrace.kernels.prefetch import prefetch_row
 
@@ -150,6 +150,25 @@ def prefix_of(tree, offsets, slot_size, slot, total):
     return acc
 
 
+@njit(**NJIT_INLINE)
+def walk_prefix(tree, offsets, slot_size, slot, total, cache_slot, cache_sum):
+    """:func:`prefix_of` at ``slot`` from the last query's prefix sum (``cache_sum`` at
+    ``cache_slot``; -1: none) when the two slots are at most :data:`WALK` apart (the
+    slots between them walked), else from the tree. :func:`stack_distances_chunk`'s hot
+    loop writes the same steps out (called there, even inlined, it ran about a third
+    slower)."""
+    if cache_slot >= 0 and cache_slot - WALK <= slot <= cache_slot + WALK:
+        acc = cache_sum
+        if slot > cache_slot:
+            for u in range(cache_slot + 1, slot + 1):
+                acc += slot_size[u]
+        else:
+            for u in range(slot + 1, cache_slot + 1):
+                acc -= slot_size[u]
+        return acc
+    return prefix_of(tree, offsets, slot_size, slot, total)
+
+
 @njit(**NJIT)
 def rebuild_sums(tree, offsets, slot_size, live):
     """Recompute every tree level from the sizes of slots ``0..live - 1`` (the slots
@@ -216,7 +235,7 @@ def compact_by_block(tree, offsets, slot_size, last_slot, renumber, scalars):
 def stack_distances_chunk(
     block, size, req_start, first_request, prefix_aware,
     tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
-    dist, prev_request, usable,
+    dist, prev_request, usable, open_past=False,
 ):
     """Process the requests of one chunk (``req_start``: local offsets into ``block``).
 
@@ -225,36 +244,14 @@ def stack_distances_chunk(
     the usable-prefix distance (running max along the request) to ``usable`` (pass
     empty arrays to skip them). State arrays are updated in place (``slot_block`` is
     the compaction's scratch: :class:`StackState`).
-    """
-    _stack_pass(block, size, req_start, first_request, prefix_aware, tree, offsets, slot_block, slot_size,
-                last_slot, last_request, scalars, dist, prev_request, usable, False)
 
-
-@njit(**NJIT)
-def stack_distances_open(
-    block, size, req_start, first_request, prefix_aware,
-    tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
-    dist,
-):
-    """:func:`stack_distances_chunk` on a stream whose past is not known (the later part
-    of a trace cut in two, :mod:`kvtrace.kernels.stack_halves`): an access whose block
-    the state has not seen gets ``dist = -1 - total``, the tokens of the distinct blocks
-    this stream touched before it (what it adds to the block's depth in the whole
-    stack), instead of COLD; every other access gets its exact distance (its previous
-    touch, and every touch since, are in this stream). No usable or previous-request
-    output (a first touch's distance is not known yet)."""
-    no_output = np.empty(0, dtype=np.int64)
-    _stack_pass(block, size, req_start, first_request, prefix_aware, tree, offsets, slot_block, slot_size,
-                last_slot, last_request, scalars, dist, no_output, no_output, True)
-
-
-@njit(**NJIT)
-def _stack_pass(
-    block, size, req_start, first_request, prefix_aware,
-    tree, offsets, slot_block, slot_size, last_slot, last_request, scalars,
-    dist, prev_request, usable, open_past,
-):
-    """The kernel of :func:`stack_distances_chunk` and :func:`stack_distances_open`.
+    ``open_past``: the stream's past is not known (the later part of a trace cut in
+    two, :mod:`kvtrace.kernels.stack_halves`): an access whose block the state has not
+    seen gets ``dist = -1 - total``, the tokens of the distinct blocks this stream
+    touched before it (what they add to the block's depth in the whole stack), instead
+    of COLD; every other access gets its exact distance (its previous touch, and every
+    touch since, are in this stream). ``usable`` and ``prev_request`` must then be
+    empty (a first touch's distance is not known yet).
 
     The hot path (query and touch) is written out in this one loop, with the scalar
     state in local variables: this kernel runs once per block access of a trace.
