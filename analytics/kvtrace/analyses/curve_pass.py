@@ -42,12 +42,13 @@ from kvtrace.kernels.partition import partition_estimates
 from kvtrace.kernels.stackdist import COLD, half_prefix_keys_into, usable_distances
 from kvtrace.trace.source import CHUNK_ACCESSES
 
-#: An in-memory exact pass of at least this many accesses computes its distances in two
-#: halves at once (:func:`kvtrace.analyses.distances.distances_in_halves`) on a machine
-#: with two cores or more.
+#: An in-memory exact pass of at least this many accesses, on a machine with two cores
+#: or more, may run the rest of its kernel in two halves at once (:func:`halves_pay`,
+#: :func:`kvtrace.analyses.distances.distances_in_halves`) ...
 HALVES_MIN_ACCESSES = 2_000_000
-#: ... cut into at least this many chunks, so that the folds keep up with the kernels.
-HALVES_CHUNKS = 8
+#: ... and is cut into about this many chunks, so that the fold of the last one, which
+#: runs after the kernel's end, is short.
+HALVES_CHUNKS = 32
 #: ... when its second chunk's kernel took this many times its first chunk's fold.
 HALVES_KERNEL_RATIO = 3.0
 NO_SCALE = np.empty(0, dtype=np.float64)  # binning weights: all 1

@@ -13,9 +13,8 @@ paging (a VM) the kernels need not run faster on huge pages; what they save ther
 the cost of faulting tables in and unmapping them. A table written whole at once
 (``populate``) takes ordinary pages, faulted in by one call: asked for at once, hundreds
 of MB of huge pages make the kernel find (compact) that many free 2 MiB regions before
-the call returns, measured at 0.03-0.83 s for 338 MB against a steady 0.12-0.15 s in
-ordinary pages (``kvtrace whatif`` on a 30M-access trace: 0.6 s more system time with
-them, no faster a replay). Results never depend on any of this.
+the call returns, a cost that varies tenfold with the state of memory, where ordinary
+pages cost the same each time. Results never depend on any of this.
 """
 
 from __future__ import annotations
