@@ -164,7 +164,7 @@ def _replay(trace: TraceSource, config: TierConfig, caps, prefix_aware: bool, fi
         rules=rules,
     )
     columns = [c for c in (values, oracle) if c is not None]
-    for ch in trace.chunks(columns=columns):
+    for ch in trace.chunks(columns=columns, local_req=False):  # no per-access request ids: not read
         extra = list(ch.extra)
         v = extra.pop(0) if values is not None else None
         o = extra.pop(0) if oracle is not None else None
