@@ -282,6 +282,19 @@ class Report:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def note_rounds(self, rounds: int, load_before, accesses: int, target_accesses: int, what: str = "commands"
+                    ) -> None:
+        """The notes every alternating benchmark ends with: rounds and order, how to read
+        noisy figures and peak RSS, the load before the runs, and a trace size other than
+        the one the targets are set for."""
+        self.note(f"Medians over {max(1, rounds)} rounds, the {what}' order rotated each round; the machine is "
+                  "shared, so compare ratios measured in one run rather than absolute seconds. Peak RSS is the "
+                  "child's ru_maxrss (os.wait4); GB = 1e9 bytes. Load average before the child runs: "
+                  + ", ".join(f"{x:.1f}" for x in load_before) + ".")
+        if accesses != target_accesses:
+            self.note(f"This run uses {accesses / 1e6:.1f}M accesses; the issue's targets are set for "
+                      f"{target_accesses / 1e6:.0f}M.")
+
     def print(self) -> bool:
         """Print the table, then one PASS/FAIL line per target; True when all pass. The
         figures are recorded in :data:`RESULTS` (:func:`record`)."""

@@ -338,17 +338,13 @@ def main(argv: list[str] | None = None) -> int:
 
     r.note(f"Model {MODEL} for bytes; libCacheSim is single-threaded, the kvtrace commands run with their default "
            f"threads ({os.cpu_count()} CPUs).")
-    r.note(f"Medians over {rounds} rounds, the jobs' order rotated each round; the machine is shared, so compare "
-           "ratios measured in one run rather than absolute seconds. Peak RSS is the child's ru_maxrss (os.wait4); "
-           "GB = 1e9 bytes. Load average before the child runs: " + ", ".join(f"{x:.1f}" for x in load_before) + ".")
+    r.note_rounds(rounds, load_before, args.accesses, TARGET_ACCESSES, what="jobs")
     if rounds < MIN_ROUNDS:
         r.note(f"Only {rounds} round(s): a quick check of the script; figures to record take at least {MIN_ROUNDS}.")
     if small is None:
         r.note(f"The small-trace rows are skipped: {show_path(SMALL_TRACE)} is missing.")
     if args.skip_kernel:
         r.note("The in-process kernel timing was skipped (--skip-kernel).")
-    if args.accesses != TARGET_ACCESSES:
-        r.note(f"This run uses {args.accesses / 1e6:.1f}M accesses; the issue's targets are set for 30M.")
     r.print()  # a missed target is reported, not an error (noisy machines); failed checks are
     return 1 if bad else 0
 

@@ -441,12 +441,7 @@ def main(argv: list[str] | None = None) -> int:
           "yes" if not bad else "NO: " + "; ".join(bad), "yes", not bad)
     r.note(f"Model {MODEL} for bytes; libCacheSim is single-threaded, `kvtrace curve --cache-rules vllm` replays "
            f"its capacities on {os.cpu_count()} threads (one per core).")
-    r.note(f"Medians over {max(1, args.repeat)} rounds, the commands' order rotated each round; the machine is "
-           "shared, so compare ratios measured in one run rather than absolute seconds. Peak RSS is the child's "
-           "ru_maxrss (os.wait4); GB = 1e9 bytes. Load average before the child runs: "
-           + ", ".join(f"{x:.1f}" for x in load_before) + ".")
-    if args.accesses != TARGET_ACCESSES:
-        r.note(f"This run uses {args.accesses / 1e6:.1f}M accesses; the issue's targets are set for 30M.")
+    r.note_rounds(args.repeat, load_before, args.accesses, TARGET_ACCESSES)
     r.print()  # a missed target is reported, not an error (noisy machines); failed checks are
     return 1 if bad else 0
 

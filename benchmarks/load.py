@@ -231,12 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         levels.append(f"{row['load_factor']:g}x: p99 {'-' if p99 is None else f'{p99:,.0f}'} ms, {state}")
     r.note("The sweep's levels (TTFT p99, bottleneck): " + "; ".join(levels) + ". An overloaded level stops at the "
            "queue-wait bound, so it costs less than a full one.")
-    r.note(f"Medians over {max(1, args.repeat)} rounds, the commands' order rotated each round; the machine is "
-           "shared (2 cores), so compare the ratio measured in one run rather than absolute seconds. Peak RSS is the "
-           "child's ru_maxrss (os.wait4); GB = 1e9 bytes. Load average before the child runs: "
-           + ", ".join(f"{x:.1f}" for x in load_before) + ".")
-    if args.accesses != TARGET_ACCESSES:
-        r.note(f"This run uses {args.accesses / 1e6:.1f}M accesses; the issue's targets are set for 30M.")
+    r.note_rounds(args.repeat, load_before, args.accesses, TARGET_ACCESSES)
     r.print()  # a missed target is reported, not an error (noisy machines); inconsistent tables are
     return 1 if bad else 0
 
