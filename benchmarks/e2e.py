@@ -26,9 +26,9 @@ How each figure is taken:
   empty at the start: the first, untimed run of a command prepares the trace, the timed
   runs find it prepared;
 - libCacheSim runs in a child process that loads the trace and calls
-  ``lcs_compare.time_libcachesim`` at one capacity (bytes of Llama-3.1-70B): at 128 full
-  blocks engine.py's child (``engine.py --lcs-child``), at the combined capacity this
-  script's (``--lcs-child TRACE --lcs-bytes N``); the oracleGeneral file is written first
+  ``lcs_compare.time_libcachesim`` at one capacity (bytes of Llama-3.1-70B), engine.py's
+  child: at 128 full blocks (``engine.py --lcs-child TRACE --lcs-blocks 128``) and at the
+  combined capacity (``--lcs-bytes N``); the oracleGeneral file is written first
   and not counted: the figure is the ``process_trace`` time the child reports (the file
   writing, the trace load and the child's wall time are shown beside it);
 - each job runs once untimed first (JIT and page caches as found: reported), then
@@ -58,7 +58,6 @@ under ``$KVTRACE_BENCH_DIR`` (default ``benchmarks/.cache``); ``--keep`` reuses 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import re
@@ -73,8 +72,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import (ROOT, Report, command_text, fmt_bytes, fmt_rate, run_kvtrace, run_measured,  # noqa: E402
-                    show_path, synth_trace)
+from common import ROOT, Report, command_text, fmt_bytes, fmt_rate, run_kvtrace, show_path, synth_trace  # noqa: E402
 from engine import LCS_BLOCKS, MODEL, lcs_text, median, run_lcs, spread  # noqa: E402
 
 DRAM, FLASH = "256GiB", "8TiB"
@@ -93,46 +91,6 @@ HERE = ["python", "benchmarks/e2e.py"]
 
 
 # --------------------------------------------------------------------------- libCacheSim child
-def lcs_bytes_child(path: str, capacity_bytes: int) -> int:
-    """Load the trace, time libCacheSim's LRU at ``capacity_bytes`` (object sizes in bytes
-    of ``MODEL``) over its block stream, print the figures as one JSON line."""
-    from lcs_compare import time_libcachesim
-
-    from kvtrace.ingest import load_trace
-    from kvtrace.model import resolve_model
-
-    t0 = time.perf_counter()
-    trace = load_trace(path)
-    load_s = time.perf_counter() - t0
-    bpt = int(resolve_model(MODEL).kv_bytes_per_token)
-    block = np.ascontiguousarray(trace.accesses.block, dtype=np.int64)
-    size_bytes = trace.block_size[block] * bpt
-    n, n_blocks, n_requests = int(block.shape[0]), int(trace.n_blocks), int(trace.n_requests)
-    del trace
-    t = time_libcachesim(block, size_bytes, [int(capacity_bytes)])
-    c = t.counts[0]
-    print(json.dumps({"seconds": t.seconds, "write_seconds": t.write_seconds, "load_seconds": load_s,
-                      "capacity_bytes": int(capacity_bytes), "accesses": n, "distinct_blocks": n_blocks,
-                      "requests": n_requests, "n_hits": int(c.n_hits), "bytes_hit": int(c.bytes_hit)}))
-    return 0
-
-
-def lcs_bytes_argv(path: Path, capacity_bytes: int) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--lcs-child", str(path), "--lcs-bytes",
-            str(capacity_bytes)]
-
-
-def lcs_bytes_text(path: Path, capacity_bytes: int) -> str:
-    return shlex.join(HERE + ["--lcs-child", show_path(path), "--lcs-bytes", str(capacity_bytes)])
-
-
-def run_lcs_bytes(path: Path, capacity_bytes: int) -> tuple[object, dict]:
-    run = run_measured(lcs_bytes_argv(path, capacity_bytes))
-    if run.returncode != 0:
-        raise RuntimeError(f"{lcs_bytes_text(path, capacity_bytes)} exited {run.returncode}:\n{run.stderr[-4000:]}")
-    return run, json.loads(run.stdout.strip().splitlines()[-1])
-
-
 # --------------------------------------------------------------------------- in process
 def kernel_seconds(repeat: int) -> tuple[float, float]:
     """Best wall times over ``KERNEL_ACCESSES`` uniform ids over ``KERNEL_IDS`` values
@@ -201,11 +159,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"timed rounds of the jobs, best-of for the kernel (default {MIN_ROUNDS}; fewer is a quick "
                          "check)")
     ap.add_argument("--skip-kernel", action="store_true", help="skip the in-process kernel timing (goal 4)")
-    ap.add_argument("--lcs-child", metavar="TRACE", help=argparse.SUPPRESS)
-    ap.add_argument("--lcs-bytes", type=int, default=COMBINED_BYTES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    if args.lcs_child:
-        return lcs_bytes_child(args.lcs_child, args.lcs_bytes)
     rounds = max(1, args.repeat)
     reproduce = shlex.join(HERE + ["--accesses", str(args.accesses), "--keep"]
                            + ([] if rounds == MIN_ROUNDS else ["--repeat", str(rounds)])
@@ -228,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
         commands["small"] = ["curve", str(small)]
     names = list(commands)
     outs = {"curve-prefix": "prefix", "curve-flat": "flat", "whatif": "whatif", "sampled": "sampled", "small": "small"}
-    texts = {"lcs-one": lcs_text(path), "lcs-combined": lcs_bytes_text(path, COMBINED_BYTES)}
+    texts = {"lcs-one": lcs_text(path), "lcs-combined": lcs_text(path, COMBINED_BYTES)}
     for k, out in outs.items():
         if k in commands:
             texts[k] = command_text(commands[k] + ["--out", str(tmp / f"{out}.parquet")])
@@ -240,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def run(k: str, tag: str):
         if k in lcs_info:
-            child, info = run_lcs(path) if k == "lcs-one" else run_lcs_bytes(path, COMBINED_BYTES)
+            child, info = run_lcs(path, None if k == "lcs-one" else COMBINED_BYTES)
             lcs_info[k].append(info)
             return info["seconds"], child
         out = tmp / f"{outs[k]}-{tag}.parquet"

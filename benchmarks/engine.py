@@ -90,9 +90,10 @@ def spread(xs: list[float], unit: str = " s", digits: int = 2) -> str:
 
 
 # --------------------------------------------------------------------------- libCacheSim child
-def lcs_child(path: str, blocks: int) -> int:
+def lcs_child(path: str, blocks: int, capacity_bytes: int | None = None) -> int:
     """Load the trace, time libCacheSim's LRU at ``blocks`` full blocks (bytes of
-    ``MODEL``) over its block stream, print the figures as one JSON line."""
+    ``MODEL``), or at ``capacity_bytes`` when given, over its block stream, print the
+    figures as one JSON line."""
     from lcs_compare import time_libcachesim
 
     from kvtrace.ingest import load_trace
@@ -102,30 +103,37 @@ def lcs_child(path: str, blocks: int) -> int:
     trace = load_trace(path)
     load_s = time.perf_counter() - t0
     bpt = int(resolve_model(MODEL).kv_bytes_per_token)
-    cap = int(blocks) * int(trace.meta.block_tokens) * bpt
+    cap = int(blocks) * int(trace.meta.block_tokens) * bpt if capacity_bytes is None else int(capacity_bytes)
     block = np.ascontiguousarray(trace.accesses.block, dtype=np.int64)
     size_bytes = trace.block_size[block] * bpt
-    n = int(block.shape[0])
+    n, n_blocks, n_requests = int(block.shape[0]), int(trace.n_blocks), int(trace.n_requests)
     del trace
     t = time_libcachesim(block, size_bytes, [cap])
     c = t.counts[0]
     print(json.dumps({"seconds": t.seconds, "write_seconds": t.write_seconds, "load_seconds": load_s,
-                      "capacity_bytes": cap, "accesses": n, "n_hits": int(c.n_hits), "bytes_hit": int(c.bytes_hit)}))
+                      "capacity_bytes": cap, "accesses": n, "distinct_blocks": n_blocks, "requests": n_requests,
+                      "n_hits": int(c.n_hits), "bytes_hit": int(c.bytes_hit)}))
     return 0
 
 
-def lcs_argv(path: Path) -> list[str]:
-    return [sys.executable, str(Path(__file__).resolve()), "--lcs-child", str(path), "--lcs-blocks", str(LCS_BLOCKS)]
+def _lcs_args(capacity_bytes: int | None) -> list[str]:
+    return ["--lcs-blocks", str(LCS_BLOCKS)] if capacity_bytes is None else ["--lcs-bytes", str(capacity_bytes)]
 
 
-def lcs_text(path: Path) -> str:
-    return shlex.join(HERE + ["--lcs-child", show_path(path), "--lcs-blocks", str(LCS_BLOCKS)])
+def lcs_argv(path: Path, capacity_bytes: int | None = None) -> list[str]:
+    return [sys.executable, str(Path(__file__).resolve()), "--lcs-child", str(path), *_lcs_args(capacity_bytes)]
 
 
-def run_lcs(path: Path) -> tuple[object, dict]:
-    run = run_measured(lcs_argv(path))
+def lcs_text(path: Path, capacity_bytes: int | None = None) -> str:
+    return shlex.join(HERE + ["--lcs-child", show_path(path), *_lcs_args(capacity_bytes)])
+
+
+def run_lcs(path: Path, capacity_bytes: int | None = None) -> tuple[object, dict]:
+    """libCacheSim's child (:func:`lcs_child`) at :data:`LCS_BLOCKS` blocks, or at
+    ``capacity_bytes``: (the measured child, its figures)."""
+    run = run_measured(lcs_argv(path, capacity_bytes))
     if run.returncode != 0:
-        raise RuntimeError(f"{lcs_text(path)} exited {run.returncode}:\n{run.stderr[-4000:]}")
+        raise RuntimeError(f"{lcs_text(path, capacity_bytes)} exited {run.returncode}:\n{run.stderr[-4000:]}")
     return run, json.loads(run.stdout.strip().splitlines()[-1])
 
 
@@ -346,9 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-breakdown", action="store_true", help="skip the in-process breakdown and replay figures")
     ap.add_argument("--lcs-child", metavar="TRACE", help=argparse.SUPPRESS)
     ap.add_argument("--lcs-blocks", type=int, default=LCS_BLOCKS, help=argparse.SUPPRESS)
+    ap.add_argument("--lcs-bytes", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.lcs_child:
-        return lcs_child(args.lcs_child, args.lcs_blocks)
+        return lcs_child(args.lcs_child, args.lcs_blocks, args.lcs_bytes)
     here = HERE + ["--accesses", str(args.accesses)]
     reproduce = shlex.join(here + ["--keep"] + (["--skip-breakdown"] if args.skip_breakdown else []))
 

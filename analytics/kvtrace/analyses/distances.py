@@ -11,6 +11,7 @@ Result conventions (also the schema of ``--distances-out``):
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
@@ -140,8 +141,6 @@ def distances_in_halves(chunks: list, block_size: np.ndarray, eviction: str, dis
     ``early``: the fold that has run every chunk before these (None: these are the
     first), continued by the earlier half. Memory: a second stack state (O(distinct
     blocks)) for the later half."""
-    from concurrent.futures import ThreadPoolExecutor
-
     n = sum(ch.hi - ch.lo for ch in chunks)
     k, acc = 0, 0
     while k < len(chunks) - 1 and acc + (chunks[k].hi - chunks[k].lo) <= n // 2:
@@ -150,8 +149,7 @@ def distances_in_halves(chunks: list, block_size: np.ndarray, eviction: str, dis
     k = max(k, 1)
     first_half, late = chunks[:k], chunks[k:]
     fold = StackFold(block_size, eviction) if early is None else early
-    later = StackState(fold.size.shape[0])
-    later.last_request = _EMPTY
+    later = StackFold(fold.size, eviction).state
     pa = fold.prefix_aware
 
     def run_late(ch) -> None:
